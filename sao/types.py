@@ -1,0 +1,109 @@
+"""Trajectory: the unit of data between the rollout fleet and the learner.
+
+A trajectory is the token sequence ``prompt, a_0, o_0, a_1, ..., a_n`` exactly
+as the engine saw it (token-in/token-out), with per-token annotations
+(ALGORITHM.md §2). Arrays are numpy on the host; nothing here touches devices.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+
+Finish = Literal["stop", "length", "error"]
+FINISH_REASONS: tuple[str, ...] = ("stop", "length", "error")
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One episode, one prompt (single rollout).
+
+    Attributes:
+      tokens: int32[T] token ids, prompt first, never re-tokenised.
+      action_mask: bool[T], True on tokens the policy generated.
+      rollout_logprobs: float32[T], log pi_rollout(token) at the sampling
+        temperature, as reported by the engine; 0 where ``action_mask`` is False.
+      policy_version: int32[T], learner version of the weights that generated
+        each action token; on prompt / observation tokens the version current
+        when they were appended (ignored by the learner).
+      reward: scalar outcome reward; the learner places it on the last action
+        token.
+      finish: ``"stop"`` (terminal), ``"length"`` (truncated) or ``"error"``.
+      prompt_id: id of the prompt (one trajectory per prompt per lease).
+      trajectory_id: unique id of this trajectory.
+      metadata: JSON-serialisable environment facts (task name, correctness,
+        number of tool calls, ...).
+      timings: wall-clock seconds of phases (``generate_s``, ``tool_s``, ...).
+    """
+
+    tokens: np.ndarray
+    action_mask: np.ndarray
+    rollout_logprobs: np.ndarray
+    policy_version: np.ndarray
+    reward: float
+    finish: str
+    prompt_id: str
+    trajectory_id: str
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        self.action_mask = np.asarray(self.action_mask, dtype=bool)
+        self.rollout_logprobs = np.asarray(self.rollout_logprobs, dtype=np.float32)
+        self.policy_version = np.asarray(self.policy_version, dtype=np.int32)
+        self.reward = float(self.reward)
+
+    @property
+    def length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_action_tokens(self) -> int:
+        return int(self.action_mask.sum())
+
+    def oldest_version(self) -> int:
+        """Smallest policy version over action tokens (-1 if there are none)."""
+        if not self.action_mask.any():
+            return -1
+        return int(self.policy_version[self.action_mask].min())
+
+
+def validate(traj: Trajectory, *, vocab_size: int,
+             learner_version: int | None = None) -> str | None:
+    """Checks a received trajectory; returns a rejection reason or None.
+
+    Reasons are short stable strings used as metric keys: ``length_mismatch``,
+    ``empty``, ``bad_token_id``, ``no_action_token``, ``nonfinite_logprob``,
+    ``positive_logprob``, ``bad_finish``, ``nonfinite_reward``,
+    ``future_version``, ``negative_version``, ``bad_shape``.
+    """
+    arrays = (traj.tokens, traj.action_mask, traj.rollout_logprobs, traj.policy_version)
+    if any(a.ndim != 1 for a in arrays):
+        return "bad_shape"
+    n = traj.tokens.shape[0]
+    if any(a.shape[0] != n for a in arrays):
+        return "length_mismatch"
+    if n == 0:
+        return "empty"
+    if traj.tokens.min() < 0 or traj.tokens.max() >= vocab_size:
+        return "bad_token_id"
+    if traj.finish not in FINISH_REASONS:
+        return "bad_finish"
+    if not np.isfinite(traj.reward):
+        return "nonfinite_reward"
+    mask = traj.action_mask
+    if not mask.any():
+        return "no_action_token"
+    lp = traj.rollout_logprobs[mask]
+    if not np.all(np.isfinite(lp)):
+        return "nonfinite_logprob"
+    if np.any(lp > 0.0):
+        return "positive_logprob"
+    versions = traj.policy_version[mask]
+    if versions.min() < 0:
+        return "negative_version"
+    if learner_version is not None and versions.max() > learner_version:
+        return "future_version"
+    return None

