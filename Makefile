@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 WORKDIR ?= runs/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: venv run test bench clean
+.PHONY: venv run test bench clean sglang-venv
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PY311) -m venv $(VENV)
@@ -22,8 +22,23 @@ run: $(STAMP)
 	$(PY) -m sao.main --config=experiments/quickstart.py --workdir=$(WORKDIR)
 
 # pytest exits 5 when it collects nothing: that must fail, so no special case.
-test: $(STAMP)
+test: $(STAMP) sglang-venv
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+
+# SGLang-JAX server (CPU) for the rollout integration test, in its own Python
+# 3.12 venv. Without a working python3.12 this does nothing and that test skips.
+PY312 ?= $(shell for p in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
+SGLANG_VENV  ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+
+sglang-venv:
+	@if [ -z "$(PY312)" ]; then echo "sglang-venv: no working python3.12, skipping (SGLang server test will skip)"; \
+	elif [ ! -f $(SGLANG_STAMP) ]; then \
+	  set -e; $(PY312) -m venv $(SGLANG_VENV); \
+	  $(SGLANG_VENV)/bin/pip install -q -U pip; \
+	  $(SGLANG_VENV)/bin/pip install -q 'sglang-jax[cpu]==0.1.0rc0'; \
+	  touch $(SGLANG_STAMP); fi
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py
