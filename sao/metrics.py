@@ -1,0 +1,218 @@
+"""Run metrics: JSONL + TensorBoard writer, a rich progress line and tables.
+
+Every learner step writes one JSON object to ``<workdir>/metrics.jsonl``::
+
+    {"step": 12, "time_s": 31.4, "actor/loss": ..., "eval/accuracy": ...}
+
+Keys are namespaced ``<subsystem>/<name>`` (``actor/``, ``critic/``,
+``batch/``, ``fleet/``, ``eval/``, ``sft/``, ``value_pretrain/``). Scalars
+also go to TensorBoard (tensorboardX) under ``<workdir>/tb``. Lists (e.g.
+``batch/staleness_counts``: number of action tokens per staleness 0, 1, ...)
+are kept in the JSONL only. A resumed run appends; readers keep the last
+record of each (phase, step).
+
+Nothing here touches devices: values are converted with ``float()`` (call
+``jax.device_get`` first for device arrays).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def _to_json_value(value: Any) -> Any:
+    """Converts numpy / jax scalars and arrays into JSON-able Python values."""
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else None if math.isnan(v) else v
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return _to_json_value(arr.item())
+    return [_to_json_value(v) for v in arr.tolist()]
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class MetricsWriter:
+    """Appends per-step metrics to ``metrics.jsonl`` and TensorBoard.
+
+    Args:
+      workdir: run directory (created if missing).
+      tensorboard: also write TensorBoard event files under ``workdir/tb``.
+
+    ``write(step, metrics)`` raises ValueError if ``step`` is negative or a key
+    is not namespaced (``"a/b"``); non-finite floats are written as ``null``
+    (NaN) or ``Infinity`` so that a bad step stays visible.
+    """
+
+    def __init__(self, workdir: str, *, tensorboard: bool = True):
+        os.makedirs(workdir, exist_ok=True)
+        self.path = os.path.join(workdir, METRICS_FILE)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+        self._t0 = time.monotonic()
+
+    def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> dict:
+        """Writes one record; returns it (JSON-able dict)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        record: dict[str, Any] = {"step": int(step), "phase": phase,
+                                  "time_s": round(time.monotonic() - self._t0, 3)}
+        for key, value in metrics.items():
+            if "/" not in key:
+                raise ValueError(f"metric key {key!r} must be namespaced as 'subsystem/name'")
+            record[key] = _to_json_value(value)
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if "/" in key and _is_scalar(value):
+                    self._tb.add_scalar(f"{phase}/{key}" if phase != "rl" else key, value, step)
+        return record
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    """Reads ``metrics.jsonl`` of a run: one dict per (phase, step), last record wins.
+
+    Raises FileNotFoundError if the run has no metrics file. A truncated last
+    line (a run killed mid-write) is ignored.
+    """
+    path = os.path.join(workdir, METRICS_FILE)
+    records: dict[tuple[str, int], dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            records[(rec.get("phase", "rl"), int(rec["step"]))] = rec
+    return [records[k] for k in sorted(records, key=lambda k: (k[0] != "rl", k[0], k[1]))]
+
+
+def load_run(workdir: str, phase: str = "rl"):
+    """Metrics of one phase as a pandas DataFrame indexed by step (for notebooks).
+
+    Columns are the namespaced keys; list-valued metrics stay as Python lists.
+    """
+    import pandas as pd
+    rows = [r for r in read_metrics(workdir) if r.get("phase", "rl") == phase]
+    return pd.DataFrame(rows).set_index("step").sort_index() if rows else pd.DataFrame()
+
+
+def staleness_histogram(workdir: str) -> np.ndarray:
+    """Sums ``batch/staleness_counts`` over all RL steps: i64[S] token counts per lag."""
+    total = np.zeros(0, dtype=np.int64)
+    for rec in read_metrics(workdir):
+        counts = rec.get("batch/staleness_counts")
+        if rec.get("phase", "rl") != "rl" or not counts:
+            continue
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.size > total.size:
+            total = np.pad(total, (0, counts.size - total.size))
+        total[: counts.size] += counts
+    return total
+
+
+def write_summary(workdir: str, summary: Mapping[str, Any]) -> str:
+    """Writes ``summary.json`` atomically; returns its path."""
+    path = os.path.join(workdir, SUMMARY_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({k: _to_json_value(v) for k, v in summary.items()}, f, indent=2)
+    os.replace(tmp, path)
+    return path
+
+
+def summary_table(summary: Mapping[str, Any]):
+    """A rich Table of the run summary (accuracy / tool use before and after, counts, time)."""
+    from rich.table import Table
+
+    def pct(key):
+        v = summary.get(key)
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    table = Table(title="SAO run summary")
+    table.add_column("metric")
+    table.add_column("before RL", justify="right")
+    table.add_column("after RL", justify="right")
+    table.add_row("held-out accuracy (pass@1)", pct("accuracy_before"), pct("accuracy_after"))
+    table.add_row("tool-use rate", pct("tool_use_before"), pct("tool_use_after"))
+    for key, label in (("steps", "learner steps"), ("trajectories", "trajectories trained on"),
+                       ("dropped", "trajectories dropped"), ("eval_prompts", "held-out prompts"),
+                       ("wall_s", "wall time (s)")):
+        if key in summary:
+            v = summary[key]
+            table.add_row(label, "", f"{v:.1f}" if isinstance(v, float) else str(v))
+    return table
+
+
+class Progress:
+    """A one-line rich progress bar for a loop of ``total`` steps.
+
+    ``update(step, metrics)`` shows the chosen keys; ``log(text)`` prints above
+    the bar. Disabled (prints nothing) when ``enabled`` is False.
+    """
+
+    def __init__(self, total: int, *, description: str = "train",
+                 keys: Iterable[str] = (), enabled: bool = True):
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
+                                   TextColumn, TimeElapsedColumn)
+        self._keys = tuple(keys)
+        self._enabled = enabled
+        self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[info]}"), disable=not enabled)
+        self._task = self._bar.add_task(description, total=total, info="")
+
+    def __enter__(self):
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._bar.stop()
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
+        info = ""
+        if metrics:
+            parts = []
+            for k in self._keys:
+                v = metrics.get(k)
+                if _is_scalar(v) or isinstance(v, (np.floating, np.integer)):
+                    parts.append(f"{k.split('/')[-1]}={float(v):.3g}")
+            info = " ".join(parts)
+        self._bar.update(self._task, completed=step, info=info)
+
+    def log(self, text: str) -> None:
+        if self._enabled:
+            self._bar.console.print(text)
