@@ -1,0 +1,345 @@
+"""Sandboxed execution of untrusted Python (the agent's tool).
+
+Each call runs the code in a fresh process tree, isolated with Linux
+namespaces and util-linux tools (``unshare``, ``prlimit``, ``setpriv``):
+
+* **network**: a new network namespace with no configured interface, so every
+  connect (loopback included) fails with ``ENETUNREACH``;
+* **processes**: a new PID namespace; the program runs as a per-call
+  unprivileged uid (root is exempt from ``RLIMIT_NPROC``; an unprivileged
+  uid is not), so the process limit holds; when the namespace's init exits or
+  is killed every process in it dies, so nothing outlives the call;
+* **files**: a new mount namespace in which ``/`` is read-only, the working
+  directory is a fresh size-limited tmpfs mounted on ``/tmp`` (hiding the
+  host's ``/tmp``), and the other world-writable places (``/var/tmp``,
+  ``/dev/shm``, ``/run/lock``, ``/dev/mqueue``) are empty read-only tmpfs;
+  files readable only by root stay unreadable (uid drop);
+* **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``,
+  ``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, no core dumps, plus a wall-clock
+  timeout after which the whole process group is killed;
+* **output**: stdout and stderr are read up to ``max_output_bytes`` each; a
+  program writing more is killed and the result marked ``truncated``.
+
+The isolation needs root (or CAP_SYS_ADMIN) to create the namespaces;
+``sandbox_available()`` says whether this machine allows it, and
+``run_python`` raises ``SandboxUnavailableError`` rather than ever running
+code unsandboxed. The guarantees are proven by tests/envs/test_sandbox.py
+(see docs/envs.md).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Mapping
+
+# Runs as root inside the new namespaces, as their init (PID 1): builds the
+# mount view, then runs the program under limits as the sandbox uid and waits
+# for it (keeping PID 1 out of the program, since PID 1 ignores signals
+# without handlers). Positional args: src uid nproc as_bytes cpu_s fsize_bytes
+# nofile disk_mb python.
+_INIT_SCRIPT = r"""
+set -e
+src=$1 uid=$2 nproc=$3 as=$4 cpu=$5 fsize=$6 nofile=$7 disk=$8 py=$9
+mount -n --make-rprivate /
+mount -n --rbind / /
+mount -n -o remount,bind,ro /
+mount -n -t proc -o nosuid,nodev,noexec proc /proc
+mount -n -t tmpfs -o size=${disk}m,mode=0700,uid=$uid,gid=$uid,nosuid,nodev tmpfs /var/tmp
+cp -R "$src"/. /var/tmp/
+chown -R "$uid:$uid" /var/tmp
+mount -n --move /var/tmp /tmp
+for d in /var/tmp /dev/shm /run/lock /dev/mqueue; do
+  if [ -d "$d" ]; then mount -n -t tmpfs -o ro,size=4k,mode=0755 tmpfs "$d"; fi
+done
+cd /tmp
+set +e
+prlimit --nproc=$nproc --as=$as --cpu=$cpu --fsize=$fsize --nofile=$nofile --core=0 -- \
+  setpriv --reuid=$uid --regid=$uid --clear-groups --no-new-privs \
+  --inh-caps=-all --bounding-set=-all -- "$py" -I -B main.py
+exit $?
+"""
+
+_SANDBOX_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONIOENCODING": "utf-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The machine does not allow the namespaces the sandbox needs."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxLimits:
+    """Limits of one sandboxed run.
+
+    Attributes:
+      timeout_s: wall-clock seconds before the process tree is killed (> 0).
+      memory_mb: address-space limit (RLIMIT_AS) in MiB of each process.
+      cpu_s: CPU-seconds limit (RLIMIT_CPU); None means ceil(timeout_s).
+      max_processes: processes (tasks) the sandbox uid may hold (RLIMIT_NPROC).
+      max_file_mb: largest file the program may write (RLIMIT_FSIZE), MiB.
+      disk_mb: size of the tmpfs working directory, MiB.
+      max_open_files: RLIMIT_NOFILE.
+      max_output_bytes: bytes kept per stream; more ends the run (truncated).
+
+    Raises ValueError on a non-positive limit.
+    """
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    cpu_s: int | None = None
+    max_processes: int = 16
+    max_file_mb: int = 16
+    disk_mb: int = 64
+    max_open_files: int = 64
+    max_output_bytes: int = 16384
+
+    def __post_init__(self):
+        for name in ("timeout_s", "memory_mb", "max_processes", "max_file_mb",
+                     "disk_mb", "max_open_files", "max_output_bytes"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
+        if self.cpu_s is not None and self.cpu_s <= 0:
+            raise ValueError(f"SandboxLimits.cpu_s must be positive or None, got {self.cpu_s!r}")
+
+    @property
+    def cpu_limit_s(self) -> int:
+        return int(self.cpu_s) if self.cpu_s is not None else max(1, math.ceil(self.timeout_s))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolResult:
+    """Outcome of one sandboxed run.
+
+    Attributes:
+      stdout, stderr: decoded output (UTF-8, invalid bytes replaced), each at
+        most ``max_output_bytes`` bytes before decoding.
+      exit_code: the program's exit status; 128 + N when signal N killed it
+        (shell convention); None when the run was killed by the caller
+        (timeout or output cap).
+      timed_out: the wall-clock limit was hit.
+      truncated: an output stream exceeded ``max_output_bytes``.
+      duration_s: wall-clock seconds of the run (setup included).
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    timed_out: bool
+    truncated: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        """The program ran to completion with exit status 0."""
+        return self.exit_code == 0 and not self.timed_out and not self.truncated
+
+
+class _UidPool:
+    """Unprivileged uids, one per concurrent run, so RLIMIT_NPROC is per run.
+
+    uids are ``base + (pid % 10000) * slots + slot``: distinct between runs of
+    this process, and between processes unless their pids agree modulo 10000.
+    """
+
+    def __init__(self, base: int = 1_000_000, slots: int = 256):
+        self._base, self._slots = base, slots
+        self._free = list(range(slots))
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(
+                    f"more than {self._slots} concurrent sandboxed runs in one process")
+            slot = self._free.pop()
+        return self._base + (os.getpid() % 10000) * self._slots + slot
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._free.append((uid - self._base) % self._slots)
+
+
+_UIDS = _UidPool()
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> str | None:
+    """None if the sandbox works here, else the reason it cannot."""
+    if sys.platform != "linux":
+        return f"the sandbox needs Linux namespaces (platform {sys.platform})"
+    for tool in ("unshare", "prlimit", "setpriv", "mount", "sh", "cp"):
+        if shutil.which(tool) is None:
+            return f"the sandbox needs the {tool!r} command (util-linux / coreutils)"
+    try:
+        proc = subprocess.run(
+            ["unshare", "--net", "--pid", "--mount", "--fork", "--kill-child", "true"],
+            capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare failed: {e}"
+    if proc.returncode != 0:
+        return ("cannot create network/PID/mount namespaces (needs root or CAP_SYS_ADMIN): "
+                + proc.stderr.decode(errors="replace").strip())
+    return None
+
+
+def sandbox_available() -> bool:
+    """True if this machine can run the sandbox (namespaces allowed, tools present)."""
+    return _probe() is None
+
+
+def _command(workdir: str, uid: int, limits: SandboxLimits, python: str) -> list[str]:
+    return [
+        "unshare", "--net", "--pid", "--mount", "--fork", "--kill-child", "--",
+        "sh", "-c", _INIT_SCRIPT, "sao-sandbox-init",
+        workdir, str(uid), str(limits.max_processes),
+        str(limits.memory_mb * 1024 * 1024), str(limits.cpu_limit_s),
+        str(limits.max_file_mb * 1024 * 1024), str(limits.max_open_files),
+        str(limits.disk_mb), python,
+    ]
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
+    """Reads until EOF or until more than ``cap`` bytes arrived (then sets ``over``)."""
+    chunks, size = [], 0
+    while True:
+        chunk = await stream.read(65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            over.set()
+            break
+    return b"".join(chunks)[:cap]
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+                           limits: SandboxLimits | None = None,
+                           files: Mapping[str, str | bytes] | None = None,
+                           stdin: str | None = None,
+                           python: str | None = None) -> ToolResult:
+    """Runs ``code`` as ``main.py`` in a fresh sandbox (see module docstring).
+
+    Args:
+      code: Python source text.
+      timeout_s, memory_mb: wall-clock seconds and address-space MiB; ignored
+        when ``limits`` is given.
+      limits: all limits at once (``SandboxLimits``).
+      files: extra files for the working directory, ``{relative name: content}``.
+      stdin: text fed to the program's stdin (default: empty).
+      python: interpreter path (default: this process's, so installed packages
+        such as numpy / sympy are importable).
+
+    Returns a ``ToolResult``; hostile or broken code is reported in it, never
+    raised. Raises SandboxUnavailableError if namespaces are not allowed here,
+    ValueError on a bad file name or limit, TypeError if ``code`` is not str.
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be str, got {type(code).__name__}")
+    limits = limits or SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
+    reason = _probe()
+    if reason is not None:
+        raise SandboxUnavailableError(reason)
+    start = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="sao-sandbox-")
+    uid = _UIDS.acquire()
+    try:
+        _write_files(workdir, code, files or {})
+        proc = await asyncio.create_subprocess_exec(
+            *_command(workdir, uid, limits, python or sys.executable),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=_SANDBOX_ENV, start_new_session=True)
+        try:
+            return await _communicate(proc, limits, stdin, start)
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc)
+                await proc.wait()
+    finally:
+        _UIDS.release(uid)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _communicate(proc, limits: SandboxLimits, stdin: str | None,
+                       start: float) -> ToolResult:
+    over = asyncio.Event()
+    cap = limits.max_output_bytes
+    out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap, over))
+    err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap, over))
+    if stdin is not None:
+        try:
+            proc.stdin.write(stdin.encode())
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        proc.stdin.close()
+    over_task = asyncio.ensure_future(over.wait())
+    streams = asyncio.gather(out_task, err_task)
+    done, _ = await asyncio.wait({streams, over_task}, timeout=limits.timeout_s,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    timed_out = not done
+    killed = timed_out or over.is_set()
+    if killed:
+        _kill_group(proc)
+    exit_code = await proc.wait()
+    stdout, stderr = await streams
+    over_task.cancel()
+    return ToolResult(
+        stdout=stdout.decode("utf-8", errors="replace"),
+        stderr=stderr.decode("utf-8", errors="replace"),
+        exit_code=None if killed else exit_code,
+        timed_out=timed_out, truncated=over.is_set(),
+        duration_s=time.monotonic() - start)
+
+
+def _write_files(workdir: str, code: str, files: Mapping[str, str | bytes]) -> None:
+    entries = {"main.py": code, **files}
+    for name, content in entries.items():
+        path = os.path.normpath(os.path.join(workdir, name))
+        if os.path.isabs(name) or not path.startswith(workdir + os.sep):
+            raise ValueError(f"sandbox file name must be relative and inside the sandbox: {name!r}")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        mode = "wb" if isinstance(content, bytes) else "w"
+        with open(path, mode) as f:
+            f.write(content)
+
+
+def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+               limits: SandboxLimits | None = None,
+               files: Mapping[str, str | bytes] | None = None,
+               stdin: str | None = None, python: str | None = None) -> ToolResult:
+    """Blocking ``run_python_async`` (same arguments, result and errors).
+
+    Safe to call from any thread; inside a running event loop use
+    ``await run_python_async(...)`` instead.
+    """
+    return asyncio.run(run_python_async(
+        code, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits, files=files,
+        stdin=stdin, python=python))
