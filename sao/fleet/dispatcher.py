@@ -1,0 +1,469 @@
+"""Learner-side dispatcher: leases prompts to the fleet, buffers trajectories.
+
+The dispatcher is the gRPC client of every rollout worker (one ``WorkerLink``
+thread each). It streams prompt leases while the staleness budget allows
+(``prompts in flight + buffered <= (tau + 1) x batch_size``, capped by each
+worker's capacity) and accepts finished trajectories in completion order.
+Each arriving trajectory gets exactly one outcome: accepted into the buffer,
+or dropped with a reason (codec / ``sao.types.validate`` reasons, ``stale``
+when ``learner_version - oldest action version > tau``, ``duplicate`` when its
+prompt was already answered, ``unknown_lease``). The learner pulls batches
+with ``get_batch``; after each published step it calls ``push_weights``.
+
+Synchronous RL is the same code with ``tau=0, sync=True``: a batch of prompts
+is issued only when the learner asks for it (after it pushed its weights),
+and all B trajectories are awaited (a barrier).
+
+Faults: a worker whose stream breaks loses its leases, which go back to the
+front of the queue for live workers; a lease older than ``lease_timeout_s``
+is issued again to another worker (the first answer wins). ``state_dict`` /
+``load_state_dict`` carry the buffer and the prompts to re-issue across a
+learner restart (the prompt iterator's own position is the caller's to save).
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import threading
+import time
+import uuid
+from typing import Iterable, Iterator
+
+from sao.fleet import staleness
+from sao.fleet.link import WorkerLink
+from sao.fleet.metrics import FleetMetrics
+from sao.rpc import auth, codec, sao_pb2
+from sao.types import Trajectory, validate
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherConfig:
+    """Dispatch settings.
+
+    Attributes:
+      batch_size: B, trajectories per learner batch.
+      vocab_size: ids at or above it are rejected (``bad_token_id``).
+      tau: staleness bound in versions (ALGORITHM.md §6; 0 = on-policy).
+      sync: barrier mode: issue the next batch's prompts only when the learner
+        asks for it (use with ``tau=0`` for synchronous RL).
+      max_in_flight: prompts in flight + buffered; default ``(tau+1)*batch_size``.
+      capacity_per_worker: leases per worker; default the worker's
+        ``max_concurrency``.
+      max_attempts: issues of a prompt whose episode failed before giving up.
+      lease_timeout_s: issue a lease again to another worker after this long
+        (None: only when its worker is lost).
+      initial_version: learner version before the first ``push_weights``.
+      reconnect_s: seconds between reconnection attempts to a lost worker.
+      rpc_timeout_s: deadline of unary calls (Status, UpdateWeights).
+      security: token / TLS (``sao.rpc.auth.Security``).
+    """
+
+    batch_size: int
+    vocab_size: int
+    tau: int = 4
+    sync: bool = False
+    max_in_flight: int | None = None
+    capacity_per_worker: int | None = None
+    max_attempts: int = 3
+    lease_timeout_s: float | None = None
+    initial_version: int = 0
+    reconnect_s: float = 0.25
+    rpc_timeout_s: float = 60.0
+    security: auth.Security = auth.Security()
+
+    def __post_init__(self):
+        staleness.max_in_flight(self.batch_size, self.tau)  # validates both
+        if self.vocab_size < 1 or self.max_attempts < 1:
+            raise ValueError("vocab_size >= 1 and max_attempts >= 1 needed")
+        if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
+            raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
+
+    @property
+    def budget(self) -> int:
+        return self.max_in_flight or staleness.max_in_flight(self.batch_size, self.tau)
+
+
+@dataclasses.dataclass
+class _Lease:
+    lease_id: str
+    prompt_id: str
+    prompt: dict
+    link: WorkerLink
+    issued_at: float
+    respawned: bool = False
+
+
+def _prompt_id(prompt: dict, n: int) -> str:
+    for key in ("prompt_id", "id"):
+        if key in prompt:
+            return str(prompt[key])
+    return f"prompt-{n}"
+
+
+class Dispatcher:
+    """Client of the rollout fleet; thread-safe; use as a context manager.
+
+    Args:
+      workers: ``host:port`` addresses (more with ``add_worker``).
+      prompts: iterable of JSON-serialisable dicts; ``prompt_id`` (or ``id``)
+        names a prompt, else one is assigned in order.
+      config: ``DispatcherConfig``.
+    """
+
+    def __init__(self, workers: Iterable[str], prompts: Iterable[dict], config: DispatcherConfig):
+        self.config = config
+        self._source: Iterator[dict] = iter(prompts)
+        self._source_n = 0
+        self._source_done = False
+        self._cv = threading.Condition()
+        self._links: dict[str, WorkerLink] = {}
+        self._live: dict[WorkerLink, int] = {}           # joined link -> capacity
+        self._link_leases: dict[WorkerLink, set[str]] = collections.defaultdict(set)
+        self._leases: dict[str, _Lease] = {}             # outstanding
+        self._lease_prompt: dict[str, str] = {}          # every lease ever issued
+        self._prompt_leases: dict[str, set[str]] = collections.defaultdict(set)
+        self._pending: collections.deque[tuple[str, dict]] = collections.deque()
+        self._attempts: collections.Counter[str] = collections.Counter()
+        self._done: set[str] = set()
+        self._buffer: collections.deque[Trajectory] = collections.deque()
+        self._version = config.initial_version
+        self._weights: tuple[int, str] | None = None
+        self._paused = config.sync   # sync: nothing issued before the first get_batch
+        self._session = uuid.uuid4().hex[:8]
+        self._counter = itertools.count()
+        self.metrics = FleetMetrics()
+        self._started = False
+        for address in workers:
+            self.add_worker(address)
+
+    # -- lifecycle ----------------------------------------------------------
+    def add_worker(self, address: str) -> None:
+        """Connects to another worker (now if started, else on ``start``)."""
+        with self._cv:
+            if address in self._links:
+                return
+            link = WorkerLink(address, self, self.config.security,
+                              capacity=self.config.capacity_per_worker,
+                              reconnect_s=self.config.reconnect_s,
+                              rpc_timeout_s=self.config.rpc_timeout_s)
+            self._links[address] = link
+            self.metrics.worker(address)
+            if self._started:
+                link.start()
+
+    def start(self) -> "Dispatcher":
+        with self._cv:
+            self._started = True
+            links = list(self._links.values())
+        for link in links:
+            link.start()
+        return self
+
+    def close(self) -> None:
+        """Ends every stream and joins the link threads."""
+        with self._cv:
+            links = list(self._links.values())
+        for link in links:
+            link.close()
+
+    def __enter__(self) -> "Dispatcher":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- learner API ----------------------------------------------------------
+    @property
+    def learner_version(self) -> int:
+        return self._version
+
+    def get_batch(self, timeout: float | None = None) -> list[Trajectory]:
+        """Blocks until ``batch_size`` trajectories are ready; returns them in
+        completion order. Returns fewer (possibly none) only once the prompt
+        source is exhausted and nothing is left in flight. Raises TimeoutError
+        after ``timeout`` seconds without a full batch."""
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        B = self.config.batch_size
+        with self._cv:
+            self._paused = False
+            self._schedule()
+            while True:
+                self._drop_stale_buffered()
+                if len(self._buffer) >= B or self._exhausted():
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
+                self._cv.wait(0.05)
+                self._respawn_overdue()
+            batch = [self._buffer.popleft() for _ in range(min(B, len(self._buffer)))]
+            self.metrics.batch_served(time.monotonic() - t0,
+                                      [staleness.lag(t, self._version) for t in batch])
+            if self.config.sync:
+                self._paused = True
+            else:
+                self._schedule()
+        return batch
+
+    def push_weights(self, version: int, uri: str, timeout: float | None = None) -> dict[str, object]:
+        """Tells every live worker to load ``version`` from ``uri``; returns
+        ``{address: version held now | error string}``. A worker that fails is
+        reconnected (and synced on rejoin); workers joining later get the
+        latest weights before any lease. Raises ValueError if ``version`` is
+        lower than the current learner version."""
+        with self._cv:
+            if version < self._version:
+                raise ValueError(f"version {version} < learner version {self._version}")
+            self._version, self._weights = int(version), (int(version), str(uri))
+            links = list(self._live)
+        results: dict[str, object] = {}
+        if not links:
+            return results
+        with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
+            futures = {pool.submit(link.update_weights, int(version), str(uri)): link
+                       for link in links}
+            for fut in concurrent.futures.as_completed(futures, timeout=timeout):
+                link, r = futures[fut], fut.result()
+                results[link.address] = r.version if r.ok else r.error
+                if r.ok:
+                    with self._cv:
+                        self.metrics.worker(link.address).version = r.version
+                else:
+                    link.reset()
+        return results
+
+    def snapshot(self) -> dict:
+        """Metrics (see ``sao.fleet.metrics``) as a plain dict."""
+        with self._cv:
+            return self.metrics.snapshot(queue_depth=len(self._buffer),
+                                         prompts_in_flight=len(self._prompt_leases),
+                                         pending=len(self._pending),
+                                         learner_version=self._version)
+
+    # -- checkpointing --------------------------------------------------------
+    def state_dict(self) -> dict:
+        """JSON-serialisable state: version, weights, buffered trajectories,
+        prompts to re-issue (in flight + pending), answered prompt ids."""
+        with self._cv:
+            reissue = [self._leases[next(iter(ls))].prompt for ls in self._prompt_leases.values()]
+            reissue += [p for _, p in self._pending]
+            return {"version": self._version, "weights": self._weights,
+                    "buffer": [base64.b64encode(codec.encode(t)).decode() for t in self._buffer],
+                    "reissue": reissue, "done": sorted(self._done),
+                    "attempts": dict(self._attempts), "source_n": self._source_n,
+                    "metrics": self.metrics.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()`` output; call before ``start``. Buffered
+        trajectories come back, in-flight prompts are issued again."""
+        with self._cv:
+            if self._started:
+                raise RuntimeError("load_state_dict must be called before start()")
+            self._version = int(state["version"])
+            self._weights = tuple(state["weights"]) if state.get("weights") else None
+            self._buffer = collections.deque(codec.decode(base64.b64decode(b))
+                                             for b in state["buffer"])
+            self._done = set(state["done"])
+            self._attempts = collections.Counter(state.get("attempts", {}))
+            self._source_n = int(state.get("source_n", 0))
+            self._pending = collections.deque((_prompt_id(p, -1), p) for p in state["reissue"])
+            self.metrics.load_state_dict(state.get("metrics", {}))
+
+    @staticmethod
+    def dumps_state(state: dict) -> bytes:
+        return json.dumps(state).encode()
+
+    @staticmethod
+    def loads_state(data: bytes) -> dict:
+        return json.loads(data)
+
+    # -- link callbacks (link threads) -------------------------------------
+    def latest_weights(self) -> tuple[int, str] | None:
+        with self._cv:
+            return self._weights
+
+    def link_joined(self, link: WorkerLink, capacity: int, weights_version: int | None) -> bool:
+        with self._cv:
+            current = None if self._weights is None else self._weights[0]
+            if weights_version != current:
+                return False  # published meanwhile: the link syncs again
+            self._live[link] = capacity
+            stats = self.metrics.worker(link.address)
+            stats.live, stats.connects = True, stats.connects + 1
+            if weights_version is not None:
+                stats.version = weights_version
+            self._schedule()
+            self._cv.notify_all()
+            return True
+
+    def link_lost(self, link: WorkerLink, error: str) -> None:
+        with self._cv:
+            self._live.pop(link, None)
+            self.metrics.worker(link.address).live = False
+            for lease_id in list(self._link_leases.pop(link, ())):
+                lease = self._leases.pop(lease_id, None)
+                if lease is None:
+                    continue
+                self._forget(lease)
+                if lease.prompt_id not in self._done and not self._prompt_leases.get(lease.prompt_id):
+                    self._pending.appendleft((lease.prompt_id, lease.prompt))
+                    self.metrics.reissued += 1
+            self._schedule()
+            self._cv.notify_all()
+
+    def link_response(self, link: WorkerLink, response: sao_pb2.GenerateResponse) -> None:
+        decoded = []
+        for f in response.finished:  # decode outside the lock
+            if f.WhichOneof("result") == "trajectory":
+                decoded.append((f.lease_id, len(f.trajectory), *codec.try_decode(f.trajectory), None))
+            else:
+                decoded.append((f.lease_id, 0, None, None, f.error or "empty result"))
+        with self._cv:
+            stats = self.metrics.worker(link.address)
+            stats.version = response.worker_version
+            for lease_id, nbytes, traj, reason, error in decoded:
+                stats.bytes += nbytes
+                self._ingest(link, lease_id, traj, reason, error)
+            self._schedule()
+            self._cv.notify_all()
+
+    # -- internals (hold self._cv) ---------------------------------------
+    def _forget(self, lease: _Lease) -> None:
+        self._link_leases[lease.link].discard(lease.lease_id)
+        ids = self._prompt_leases.get(lease.prompt_id)
+        if ids is not None:
+            ids.discard(lease.lease_id)
+            if not ids:
+                del self._prompt_leases[lease.prompt_id]
+
+    def _finish_prompt(self, prompt_id: str) -> None:
+        """Marks a prompt answered and cancels its other leases."""
+        self._done.add(prompt_id)
+        for lease_id in list(self._prompt_leases.get(prompt_id, ())):
+            lease = self._leases.pop(lease_id)
+            self._forget(lease)
+            lease.link.send(sao_pb2.GenerateRequest(cancel_lease_ids=[lease_id]))
+
+    def _ingest(self, link, lease_id, traj, reason, error) -> None:
+        prompt_id = self._lease_prompt.get(lease_id)
+        lease = self._leases.pop(lease_id, None)
+        if lease is not None:
+            self._forget(lease)
+        stats = self.metrics.worker(link.address)
+        if prompt_id is None:
+            self.metrics.drop("unknown_lease")
+            return
+        if prompt_id in self._done:
+            self.metrics.drop("duplicate")
+            return
+        if error is not None:
+            stats.errors += 1
+            self.metrics.episode_errors += 1
+            if lease is None or self._prompt_leases.get(prompt_id):
+                return  # the prompt is already queued again or running elsewhere
+            if self._attempts[prompt_id] < self.config.max_attempts:
+                self._pending.appendleft((prompt_id, lease.prompt))
+                self.metrics.reissued += 1
+            else:
+                self._finish_prompt(prompt_id)
+                self.metrics.drop("episode_failed")
+            return
+        if reason is None:
+            reason = validate(traj, vocab_size=self.config.vocab_size,
+                              learner_version=self._version)
+        if reason is None and staleness.is_stale(traj, self._version, self.config.tau):
+            reason = "stale"
+        self._finish_prompt(prompt_id)
+        if reason is not None:
+            self.metrics.drop(reason)
+            return
+        traj.prompt_id, traj.trajectory_id = prompt_id, lease_id
+        stats.trajectories += 1
+        stats.action_tokens += traj.num_action_tokens
+        self.metrics.accepted += 1
+        self._buffer.append(traj)
+
+    def _drop_stale_buffered(self) -> None:
+        if not self._buffer:
+            return
+        keep = collections.deque()
+        for t in self._buffer:
+            if staleness.is_stale(t, self._version, self.config.tau):
+                self.metrics.drop("stale")
+            else:
+                keep.append(t)
+        self._buffer = keep
+
+    def _exhausted(self) -> bool:
+        return self._source_done and not self._pending and not self._prompt_leases
+
+    def _next_prompt(self) -> tuple[str, dict] | None:
+        while self._pending:
+            prompt_id, prompt = self._pending.popleft()
+            if prompt_id not in self._done:
+                return prompt_id, prompt
+        while not self._source_done:
+            try:
+                prompt = next(self._source)
+            except StopIteration:
+                self._source_done = True
+                return None
+            if not isinstance(prompt, dict):
+                raise TypeError(f"prompts must be dicts, got {type(prompt).__name__}")
+            prompt_id = _prompt_id(prompt, self._source_n)
+            self._source_n += 1
+            if prompt_id not in self._done:
+                return prompt_id, prompt
+        return None
+
+    def _free(self, link: WorkerLink) -> int:
+        return self._live[link] - len(self._link_leases[link])
+
+    def _issue(self, prompt_id: str, prompt: dict, link: WorkerLink, out: dict) -> None:
+        lease_id = f"{self._session}-{next(self._counter)}"
+        self._attempts[prompt_id] += 1
+        self._leases[lease_id] = _Lease(lease_id, prompt_id, prompt, link, time.monotonic())
+        self._lease_prompt[lease_id] = prompt_id
+        self._prompt_leases[prompt_id].add(lease_id)
+        self._link_leases[link].add(lease_id)
+        out.setdefault(link, []).append(sao_pb2.Lease(
+            lease_id=lease_id, prompt_id=prompt_id, prompt_json=json.dumps(prompt)))
+
+    def _schedule(self) -> None:
+        """Issues leases while the budget and worker capacity allow."""
+        if self._paused or not self._live:
+            return
+        out: dict[WorkerLink, list] = {}
+        budget = self.config.budget - len(self._prompt_leases) - len(self._buffer)
+        while budget > 0:
+            link = max(self._live, key=self._free)
+            if self._free(link) <= 0:
+                break
+            item = self._next_prompt()
+            if item is None:
+                break
+            self._issue(*item, link, out)
+            budget -= 1
+        for link, leases in out.items():
+            link.send(sao_pb2.GenerateRequest(leases=leases))
+
+    def _respawn_overdue(self) -> None:
+        """Issues overdue leases once more on another worker (first answer wins)."""
+        timeout = self.config.lease_timeout_s
+        if timeout is None:
+            return
+        now, out = time.monotonic(), {}
+        for lease in list(self._leases.values()):
+            if lease.respawned or now - lease.issued_at < timeout:
+                continue
+            others = [l for l in self._live if l is not lease.link and self._free(l) > 0]
+            if others:
+                lease.respawned = True
+                self._issue(lease.prompt_id, lease.prompt, max(others, key=self._free), out)
+                self.metrics.reissued += 1
+        for link, leases in out.items():
+            link.send(sao_pb2.GenerateRequest(leases=leases))

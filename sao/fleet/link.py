@@ -1,0 +1,154 @@
+"""One learner-side connection to a rollout worker, kept alive by a thread.
+
+A ``WorkerLink`` connects, asks ``Status`` (capacity, version), brings the
+worker's weights up to the learner's latest published version, then holds
+one ``Generate`` stream open: leases go out through a queue, finished
+trajectories come back and are handed to the owner (the dispatcher). When the
+stream breaks (worker killed, network) the owner is told so it can re-issue
+the worker's leases, and the link reconnects every ``reconnect_s`` until
+closed, so a restarted worker on the same address rejoins by itself.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Protocol
+
+import grpc
+
+from sao.rpc import auth, sao_pb2, sao_pb2_grpc
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.1
+
+
+class LinkOwner(Protocol):
+    def latest_weights(self) -> tuple[int, str] | None: ...
+    def link_joined(self, link: "WorkerLink", capacity: int, weights_version: int | None) -> bool: ...
+    def link_response(self, link: "WorkerLink", response: sao_pb2.GenerateResponse) -> None: ...
+    def link_lost(self, link: "WorkerLink", error: str) -> None: ...
+
+
+class WorkerLink:
+    """Connection to the worker at ``address`` (``host:port``)."""
+
+    def __init__(self, address: str, owner: LinkOwner, security: auth.Security, *,
+                 capacity: int | None, reconnect_s: float, rpc_timeout_s: float):
+        self.address = address
+        self._owner = owner
+        self._security = security
+        self._metadata = auth.call_metadata(security)
+        self._capacity = capacity
+        self._reconnect_s = reconnect_s
+        self._rpc_timeout_s = rpc_timeout_s
+        self._closed = threading.Event()
+        self._sendq: queue.Queue | None = None
+        self._call = None
+        self._stub: sao_pb2_grpc.RolloutWorkerStub | None = None
+        self._thread = threading.Thread(target=self._run, name=f"link-{address}", daemon=True)
+
+    # -- owner side -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._closed.set()
+        self.reset()
+        self._thread.join(timeout)
+
+    def send(self, request: sao_pb2.GenerateRequest) -> None:
+        """Queues a request on the current stream (dropped if none: the owner
+        re-issues leases of a lost link anyway)."""
+        q = self._sendq
+        if q is not None:
+            q.put(request)
+
+    def reset(self) -> None:
+        """Ends the current stream; the link reconnects unless closed."""
+        call, q = self._call, self._sendq
+        if q is not None:
+            q.put(None)
+        if call is not None:
+            call.cancel()
+
+    def update_weights(self, version: int, uri: str) -> sao_pb2.UpdateWeightsResponse:
+        """Blocking ``UpdateWeights``; RPC failures come back as a not-ok value."""
+        stub = self._stub
+        if stub is None:
+            return sao_pb2.UpdateWeightsResponse(ok=False, version=-1, error="not connected")
+        try:
+            return stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=version, uri=uri),
+                                      timeout=self._rpc_timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            return sao_pb2.UpdateWeightsResponse(ok=False, version=-1,
+                                                 error=f"{e.code().name}: {e.details()}")
+
+    # -- thread -----------------------------------------------------------
+    def _requests(self, q: queue.Queue):
+        while True:
+            try:
+                item = q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._closed.is_set():
+                    return
+                continue
+            if item is None:
+                return
+            yield item
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            error = ""
+            joined = False
+            try:
+                joined = self._session()
+            except grpc.RpcError as e:
+                error = f"{e.code().name}: {e.details()}"
+            except Exception as e:  # keep the link alive whatever happened
+                log.exception("link %s failed", self.address)
+                error = f"{type(e).__name__}: {e}"
+            finally:
+                if self._sendq is not None:
+                    self._sendq.put(None)
+                self._sendq, self._call, self._stub = None, None, None
+            if joined or error:
+                self._owner.link_lost(self, error or "stream ended")
+            self._closed.wait(self._reconnect_s)
+
+    def _sync_weights(self, stub, have: int) -> int | None:
+        """Pushes the latest weights until the worker holds them; returns the version."""
+        while True:
+            latest = self._owner.latest_weights()
+            if latest is None or latest[0] == have:
+                return None if latest is None else have
+            r = stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=latest[0], uri=latest[1]),
+                                   timeout=self._rpc_timeout_s, metadata=self._metadata)
+            if not r.ok:
+                raise RuntimeError(f"worker {self.address} cannot load weights: {r.error}")
+            have = r.version
+
+    def _session(self) -> bool:
+        with auth.open_channel(self.address, self._security) as channel:
+            stub = sao_pb2_grpc.RolloutWorkerStub(channel)
+            status = stub.Status(sao_pb2.StatusRequest(), timeout=self._rpc_timeout_s,
+                                 metadata=self._metadata)
+            capacity = status.max_concurrency
+            if self._capacity is not None:
+                capacity = min(capacity, self._capacity)
+            version = status.version
+            self._stub = stub
+            q: queue.Queue = queue.Queue()
+            self._sendq = q
+            while True:  # the learner may publish while we sync: retry until current
+                synced = self._sync_weights(stub, version)
+                if synced is not None:
+                    version = synced
+                if self._owner.link_joined(self, capacity, synced):
+                    break
+            if self._closed.is_set():
+                return True
+            self._call = stub.Generate(self._requests(q), metadata=self._metadata)
+            for response in self._call:
+                self._owner.link_response(self, response)
+            return True

@@ -1,0 +1,97 @@
+"""Fleet metrics kept by the dispatcher (not thread-safe: the dispatcher
+calls them under its lock).
+
+Names: ``queue_depth`` (trajectories buffered, waiting for the learner),
+``prompts_in_flight``, ``staleness`` (histogram of lag in versions of the
+trajectories handed to the learner), ``drops`` (count by reason: validation
+reasons of ``sao.types.validate``, codec reasons, ``stale``, ``duplicate``,
+``episode_failed``, ``unknown_lease``), ``learner_idle_fraction`` (time the
+learner spent blocked in ``get_batch`` over time since its first batch; the
+first fill of the pipeline is excluded) and per-worker throughput.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    trajectories: int = 0
+    action_tokens: int = 0
+    bytes: int = 0
+    errors: int = 0
+    connects: int = 0
+    version: int = -1
+    live: bool = False
+    first_seen: float = dataclasses.field(default_factory=time.monotonic)
+
+    def snapshot(self) -> dict:
+        elapsed = max(time.monotonic() - self.first_seen, 1e-9)
+        return {"live": self.live, "version": self.version, "connects": self.connects,
+                "trajectories": self.trajectories, "action_tokens": self.action_tokens,
+                "errors": self.errors, "bytes": self.bytes,
+                "trajectories_per_s": self.trajectories / elapsed,
+                "action_tokens_per_s": self.action_tokens / elapsed}
+
+
+class FleetMetrics:
+    """Counters, the staleness histogram and learner idle time."""
+
+    def __init__(self):
+        self.drops: collections.Counter[str] = collections.Counter()
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.accepted = 0
+        self.trained = 0
+        self.reissued = 0
+        self.episode_errors = 0
+        self.workers: dict[str, WorkerStats] = {}
+        self._first_batch_at: float | None = None
+        self._idle_s = 0.0
+
+    def drop(self, reason: str) -> None:
+        self.drops[reason] += 1
+
+    def worker(self, address: str) -> WorkerStats:
+        return self.workers.setdefault(address, WorkerStats())
+
+    def batch_served(self, wait_s: float, lags: list[int]) -> None:
+        """Records one ``get_batch``: seconds the learner waited, lags served."""
+        now = time.monotonic()
+        if self._first_batch_at is None:
+            self._first_batch_at = now
+        else:
+            self._idle_s += wait_s
+        self.trained += len(lags)
+        self.staleness.update(lags)
+
+    def idle_fraction(self) -> float:
+        if self._first_batch_at is None:
+            return 0.0
+        total = time.monotonic() - self._first_batch_at
+        return self._idle_s / total if total > 0 else 0.0
+
+    def snapshot(self, *, queue_depth: int, prompts_in_flight: int, pending: int,
+                 learner_version: int) -> dict:
+        return {"queue_depth": queue_depth, "prompts_in_flight": prompts_in_flight,
+                "pending_reissue": pending, "learner_version": learner_version,
+                "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
+                "episode_errors": self.episode_errors, "drops": dict(self.drops),
+                "dropped": sum(self.drops.values()),
+                "staleness": dict(sorted(self.staleness.items())),
+                "learner_idle_fraction": self.idle_fraction(),
+                "workers": {a: w.snapshot() for a, w in self.workers.items()}}
+
+    def state_dict(self) -> dict:
+        return {"drops": dict(self.drops),
+                "staleness": {str(k): v for k, v in self.staleness.items()},
+                "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
+                "episode_errors": self.episode_errors}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.drops = collections.Counter(state.get("drops", {}))
+        self.staleness = collections.Counter({int(k): v for k, v in
+                                              state.get("staleness", {}).items()})
+        for key in ("accepted", "trained", "reissued", "episode_errors"):
+            setattr(self, key, int(state.get(key, 0)))

@@ -1,0 +1,237 @@
+"""Rollout worker: a gRPC server that runs episodes for the learner.
+
+The worker wraps one ``Engine`` and an *episode function* ``async (prompt:
+dict) -> Trajectory`` (``agent_episode_fn`` builds one from the agent loop and
+an environment factory). On the ``Generate`` stream it starts one asyncio task
+per leased prompt, runs many concurrently, and streams finished trajectories
+back in completion order, packing whatever finished together into one message.
+``UpdateWeights`` swaps the engine's weights while episodes run; their tokens
+record the version that produced them. Episode failures travel back as error
+values. Binds 127.0.0.1 unless told otherwise.
+
+Entry points: ``serve(...)`` (asyncio, returns a running ``WorkerServer``) and
+``run(...)`` (blocking, for ``python -m sao.main --role rollout``).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import signal
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+
+import grpc
+
+from sao.rollout.base import Engine
+from sao.rpc import auth, codec, sao_pb2, sao_pb2_grpc
+from sao.types import Trajectory
+
+EpisodeFn = Callable[[dict], Awaitable[Trajectory]]
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    """Where and how a worker serves.
+
+    Attributes:
+      host: bind address; 127.0.0.1 unless the fleet spans machines.
+      port: TCP port; 0 picks a free one (read it from ``WorkerServer.port``).
+      max_concurrency: episodes run at once; the dispatcher leases at most this
+        many prompts to the worker.
+      max_batch_bytes: most serialized trajectory bytes per response message.
+      worker_id: name in metrics (default: host:port).
+      security: token and TLS settings (``sao.rpc.auth.Security``).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    max_concurrency: int = 64
+    max_batch_bytes: int = 64 * 1024 * 1024
+    worker_id: str = ""
+    security: auth.Security = auth.Security()
+
+    def __post_init__(self):
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_batch_bytes < 1:
+            raise ValueError(f"max_batch_bytes must be >= 1, got {self.max_batch_bytes}")
+
+
+def agent_episode_fn(engine: Engine, make_env: Callable[[], Any], tokenizer, sampling,
+                     **episode_kwargs) -> EpisodeFn:
+    """Episode function running ``sao.rollout.run_episode`` with a fresh env
+    from ``make_env()`` per prompt (``episode_kwargs``: max_turns, ...)."""
+    from sao.rollout.agent import run_episode
+
+    async def episode(prompt: dict) -> Trajectory:
+        return await run_episode(engine, make_env(), tokenizer, prompt, sampling,
+                                 **episode_kwargs)
+
+    return episode
+
+
+class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
+    """The ``RolloutWorker`` service over one engine."""
+
+    def __init__(self, engine: Engine, episode_fn: EpisodeFn, config: WorkerConfig):
+        self.engine, self.episode_fn, self.config = engine, episode_fn, config
+        self.worker_id = config.worker_id or uuid.uuid4().hex[:8]
+        self.active = 0
+        self.completed = 0
+        self.failed = 0
+        self.generated_tokens = 0
+        self._t0 = time.monotonic()
+        self._gate = asyncio.Semaphore(config.max_concurrency)
+
+    async def _episode(self, lease: sao_pb2.Lease) -> sao_pb2.Finished:
+        async with self._gate:
+            self.active += 1
+            try:
+                prompt = json.loads(lease.prompt_json) if lease.prompt_json else {}
+                prompt.setdefault("prompt_id", lease.prompt_id)
+                traj = await self.episode_fn(prompt)
+                traj.prompt_id, traj.trajectory_id = lease.prompt_id, lease.lease_id
+                data = codec.encode(traj)
+                self.completed += 1
+                self.generated_tokens += traj.num_action_tokens
+                return sao_pb2.Finished(lease_id=lease.lease_id, trajectory=data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the episode failed: tell the learner, keep serving
+                self.failed += 1
+                log.warning("episode for lease %s failed: %r", lease.lease_id, e)
+                return sao_pb2.Finished(lease_id=lease.lease_id, error=f"{type(e).__name__}: {e}")
+            finally:
+                self.active -= 1
+
+    async def Generate(self, request_iterator, context):
+        done: asyncio.Queue = asyncio.Queue()
+        tasks: dict[str, asyncio.Task] = {}
+
+        async def run_one(lease):
+            try:
+                await done.put(await self._episode(lease))
+            finally:
+                tasks.pop(lease.lease_id, None)
+
+        async def read():
+            async for req in request_iterator:
+                for lease in req.leases:
+                    if lease.lease_id not in tasks:
+                        tasks[lease.lease_id] = asyncio.create_task(run_one(lease))
+                for lease_id in req.cancel_lease_ids:
+                    task = tasks.pop(lease_id, None)
+                    if task is not None:
+                        task.cancel()
+            # The learner closed its side: finish what runs, then end the stream.
+            while tasks:
+                await asyncio.gather(*list(tasks.values()), return_exceptions=True)
+            await done.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                first = await done.get()
+                if first is None:
+                    break
+                batch, size, end = [first], first.ByteSize(), False
+                while not done.empty() and size < self.config.max_batch_bytes:
+                    item = done.get_nowait()
+                    if item is None:
+                        end = True
+                        break
+                    batch.append(item)
+                    size += item.ByteSize()
+                yield sao_pb2.GenerateResponse(finished=batch, worker_version=self.engine.version,
+                                               worker_id=self.worker_id)
+                if end:
+                    break
+            await reader
+        finally:
+            reader.cancel()
+            for task in list(tasks.values()):
+                task.cancel()
+
+    async def UpdateWeights(self, request, context):
+        try:
+            await self.engine.load_weights(int(request.version), request.uri)
+            return sao_pb2.UpdateWeightsResponse(ok=True, version=self.engine.version)
+        except Exception as e:  # errors as values
+            log.warning("load_weights(%s, %s) failed: %r", request.version, request.uri, e)
+            return sao_pb2.UpdateWeightsResponse(ok=False, version=self.engine.version,
+                                                 error=f"{type(e).__name__}: {e}")
+
+    async def Status(self, request, context):
+        try:
+            healthy = bool(await self.engine.health())
+        except Exception:
+            healthy = False
+        return sao_pb2.StatusResponse(
+            worker_id=self.worker_id, version=self.engine.version, active_episodes=self.active,
+            max_concurrency=self.config.max_concurrency, completed=self.completed,
+            failed=self.failed, generated_tokens=self.generated_tokens,
+            uptime_s=time.monotonic() - self._t0, healthy=healthy)
+
+
+@dataclasses.dataclass
+class WorkerServer:
+    """A running worker; ``await stop()`` ends it."""
+
+    server: grpc.aio.Server
+    servicer: RolloutServicer
+    port: int
+    address: str
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await self.server.stop(grace)
+
+    async def wait(self) -> None:
+        await self.server.wait_for_termination()
+
+
+async def serve(engine: Engine, episode_fn: EpisodeFn,
+                config: WorkerConfig = WorkerConfig()) -> WorkerServer:
+    """Starts a worker on the running asyncio loop; returns once it listens.
+
+    Raises RuntimeError if the port cannot be bound.
+    """
+    sec = config.security
+    interceptors = [auth.TokenInterceptor(sec.token)] if sec.token else []
+    server = grpc.aio.server(interceptors=interceptors, options=auth.server_options())
+    servicer = RolloutServicer(engine, episode_fn, config)
+    sao_pb2_grpc.add_RolloutWorkerServicer_to_server(servicer, server)
+    port = auth.add_port(server, f"{config.host}:{config.port}", sec)
+    if port == 0:
+        raise RuntimeError(f"could not bind {config.host}:{config.port}")
+    await server.start()
+    address = f"{config.host}:{port}"
+    if not config.worker_id:
+        servicer.worker_id = address
+    log.info("rollout worker %s serving on %s", servicer.worker_id, address)
+    return WorkerServer(server, servicer, port, address)
+
+
+def run(make_engine_and_episode: Callable[[], tuple[Engine, EpisodeFn]],
+        config: WorkerConfig = WorkerConfig(), *, ready: Callable[[str], None] | None = None) -> None:
+    """Blocking entry point (the CLI role): builds the engine inside the
+    worker's event loop, serves until SIGINT/SIGTERM, then stops cleanly.
+    ``ready(address)`` is called once the server listens."""
+
+    async def main():
+        engine, episode_fn = make_engine_and_episode()
+        worker = await serve(engine, episode_fn, config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready(worker.address)
+        await stop.wait()
+        await worker.stop(grace=2.0)
+        await engine.close()
+
+    asyncio.run(main())

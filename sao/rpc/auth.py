@@ -1,0 +1,125 @@
+"""Shared-secret token and optional TLS for the learner <-> worker channel.
+
+The token travels in gRPC metadata as ``authorization: Bearer <token>`` and
+the worker compares it in constant time (``hmac.compare_digest``); a missing
+or wrong token ends the call with ``UNAUTHENTICATED`` before any handler runs.
+TLS is optional: the worker serves with a certificate/key pair, the learner
+verifies it against a CA (for a self-signed certificate, the certificate
+itself). Workers bind to 127.0.0.1 unless configured otherwise.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import pathlib
+
+import grpc
+
+METADATA_KEY = "authorization"
+_PREFIX = "Bearer "
+# Large trajectory batches: raise gRPC's 4 MiB default on both ends.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Security:
+    """Channel security settings shared by the worker and the dispatcher.
+
+    Attributes:
+      token: shared secret; empty string disables the check (loopback tests only).
+      tls_cert: path of the worker's PEM certificate (server side).
+      tls_key: path of the worker's PEM private key (server side).
+      tls_ca: path of the PEM CA / self-signed certificate the dispatcher trusts.
+      tls_server_name: host name to verify in the worker's certificate, when it
+        differs from the address dialled.
+    """
+
+    token: str = ""
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
+
+    def __post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+
+
+def call_metadata(security: Security) -> tuple[tuple[str, str], ...]:
+    """Metadata to attach to every call (empty when no token is configured)."""
+    return ((METADATA_KEY, _PREFIX + security.token),) if security.token else ()
+
+
+def token_ok(metadata, expected: str) -> bool:
+    """Constant-time check of the bearer token in ``metadata`` (key/value pairs)."""
+    presented = ""
+    for key, value in metadata or ():
+        if key == METADATA_KEY and isinstance(value, str) and value.startswith(_PREFIX):
+            presented = value[len(_PREFIX):]
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def _abort_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    async def deny(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token")
+
+    if handler.request_streaming and handler.response_streaming:
+        async def deny_stream(it, context):
+            await deny(it, context)
+            yield  # pragma: no cover - abort raises before this
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(deny)
+    if handler.response_streaming:
+        async def deny_unary_stream(req, context):
+            await deny(req, context)
+            yield  # pragma: no cover
+        return grpc.unary_stream_rpc_method_handler(deny_unary_stream)
+    return grpc.unary_unary_rpc_method_handler(deny)
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls whose bearer token is missing or wrong (asyncio server)."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("TokenInterceptor needs a non-empty token")
+        self._token = token
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or token_ok(handler_call_details.invocation_metadata, self._token):
+            return handler
+        return _abort_handler(handler)
+
+
+def _read(path: str | None) -> bytes | None:
+    return None if path is None else pathlib.Path(path).read_bytes()
+
+
+def server_options() -> list[tuple[str, int]]:
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+def channel_options(security: Security) -> list[tuple[str, object]]:
+    opts: list[tuple[str, object]] = list(server_options())
+    if security.tls_server_name:
+        opts.append(("grpc.ssl_target_name_override", security.tls_server_name))
+    return opts
+
+
+def add_port(server: grpc.aio.Server, address: str, security: Security) -> int:
+    """Binds ``address`` (TLS when a certificate is configured); returns the port."""
+    if security.tls_cert:
+        creds = grpc.ssl_server_credentials([(_read(security.tls_key), _read(security.tls_cert))])
+        return server.add_secure_port(address, creds)
+    return server.add_insecure_port(address)
+
+
+def open_channel(target: str, security: Security) -> grpc.Channel:
+    """A blocking-API channel to a worker (TLS when ``tls_ca`` is configured)."""
+    if security.tls_ca:
+        creds = grpc.ssl_channel_credentials(root_certificates=_read(security.tls_ca))
+        return grpc.secure_channel(target, creds, options=channel_options(security))
+    return grpc.insecure_channel(target, options=channel_options(security))
