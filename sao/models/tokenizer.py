@@ -101,6 +101,22 @@ class ByteTokenizer:
                 ids.extend(piece.encode("utf-8"))
         return ids
 
+    def to_tokenizers(self):
+        """The same tokenizer as a ``tokenizers.Tokenizer`` (byte-level BPE
+        without merges, specials as added tokens 256..264), so that HF tools
+        (transformers, SGLang) can load a tiny model's ``tokenizer.json``."""
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+        from gguf import bytes_to_unicode  # GPT-2's byte -> printable character table
+
+        byte_char = bytes_to_unicode()
+        tok = Tokenizer(models.BPE(vocab={byte_char[b]: b for b in range(256)}, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(s, special=True, normalized=False)
+                                for s in BYTE_SPECIAL_TOKENS])
+        return tok
+
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Decodes ids; raises ValueError on an id outside [0, 272)."""
         out: list[str] = []
@@ -134,14 +150,16 @@ class HFTokenizer:
         ``eos`` and ``bos`` to ``eos`` when the model has none.
       stop_tokens: extra end-of-turn tokens (e.g. ``"<|im_end|>"``) that stop
         generation besides ``eos``.
+      chat_template: the model's Jinja chat template, kept for export.
     Raises ValueError if a named token is not in the vocabulary.
     """
 
     def __init__(self, tokenizer, *, vocab_size: int | None = None,
                  bos_token: str | None = None, eos_token: str,
                  pad_token: str | None = None,
-                 stop_tokens: Sequence[str] = ()):
+                 stop_tokens: Sequence[str] = (), chat_template: str | None = None):
         self.tok = tokenizer
+        self.chat_template = chat_template
         n = tokenizer.get_vocab_size(with_added_tokens=True)
         self.vocab_size = int(vocab_size) if vocab_size is not None else n
         if self.vocab_size < n:
@@ -231,4 +249,32 @@ def load_hf_tokenizer(model_dir: str, *, vocab_size: int | None = None) -> HFTok
         raise ValueError(f"cannot tell the eos token of {tok_path}")
     stops = [t for t in ("<|im_end|>", "<|endoftext|>") if tok.token_to_id(t) is not None]
     return HFTokenizer(tok, vocab_size=vocab_size, bos_token=name("bos_token"),
-                       eos_token=eos, pad_token=name("pad_token"), stop_tokens=stops)
+                       eos_token=eos, pad_token=name("pad_token"), stop_tokens=stops,
+                       chat_template=cfg.get("chat_template"))
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, model_dir: str) -> None:
+    """Writes ``tokenizer.json`` and ``tokenizer_config.json`` to ``model_dir``.
+
+    Accepts a `ByteTokenizer` (converted by ``to_tokenizers``) or an
+    `HFTokenizer`; raises TypeError for anything else.
+    """
+    import json
+    import os
+
+    if isinstance(tokenizer, ByteTokenizer):
+        tok, template = tokenizer.to_tokenizers(), None
+        names = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>"}
+    elif isinstance(tokenizer, HFTokenizer):
+        tok, template = tokenizer.tok, tokenizer.chat_template
+        names = {"bos_token": tokenizer.bos_token, "eos_token": tokenizer.eos_token,
+                 "pad_token": tokenizer.pad_token}
+    else:
+        raise TypeError(f"cannot export a {type(tokenizer).__name__} as tokenizer.json")
+    tok.save(os.path.join(model_dir, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+              **{k: v for k, v in names.items() if v is not None}}
+    if template:
+        config["chat_template"] = template
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)

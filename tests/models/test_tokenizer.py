@@ -61,3 +61,37 @@ def test_round_trip(pieces):
     ids = tok.encode(text)
     assert all(0 <= i < 265 for i in ids)
     assert tok.decode(ids) == text
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=20), st.sampled_from(BYTE_SPECIAL_TOKENS)),
+                max_size=6))
+def test_tokenizers_export_is_the_same_tokenizer(pieces):
+    tok = ByteTokenizer()
+    hf = _hf_byte_tokenizer()
+    text = "".join(pieces)
+    assert hf.encode(text, add_special_tokens=False).ids == tok.encode(text)
+    ids = tok.encode(text)
+    assert hf.decode(ids, skip_special_tokens=False) == tok.decode(ids)
+
+
+def test_save_hf_tokenizer_loads_back(tmp_path):
+    from sao.models.tokenizer import load_hf_tokenizer, save_hf_tokenizer
+
+    save_hf_tokenizer(ByteTokenizer(), str(tmp_path))
+    back = load_hf_tokenizer(str(tmp_path), vocab_size=272)
+    assert (back.pad_id, back.bos_id, back.eos_id) == (256, 257, 258)
+    text = "héllo <python>x=1</python><eos>"
+    assert back.encode(text) == ByteTokenizer().encode(text)
+    assert back.decode([0xFF, 97]) == "\ufffda"
+    with pytest.raises(TypeError, match="cannot export"):
+        save_hf_tokenizer(object(), str(tmp_path))
+
+
+_HF = []
+
+
+def _hf_byte_tokenizer():
+    if not _HF:
+        _HF.append(ByteTokenizer().to_tokenizers())
+    return _HF[0]
