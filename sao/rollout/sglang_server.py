@@ -1,0 +1,178 @@
+"""Launch, wait for and stop an SGLang server process (for tests and workers).
+
+Readiness is the server's own log line "The server is fired up and ready to
+roll!" plus ``GET /health``: the CPU server (sglang-jax) answers /health
+before its warm-up request finished and a request sent then can crash it.
+The server runs in its own process group, and ``stop`` ends the whole group
+(SIGTERM, then SIGKILL after ``stop_timeout_s``): the server forks a scheduler
+and a detokenizer that must not outlive it.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from typing import Sequence
+
+READY_LINE = "fired up and ready to roll"
+
+# sglang-jax on CPU (docs/rollout.md): the flags that make a tiny model start in ~30 s.
+JAX_CPU_ARGS: tuple[str, ...] = (
+    "--device", "cpu", "--attention-backend", "native", "--dtype", "float32",
+    "--max-total-tokens", "4096", "--max-running-requests", "16",
+    "--precompile-token-paddings", "64", "512", "--precompile-bs-paddings", "1", "8", "16")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """One SGLang server process serving ``model_path`` (an HF directory).
+
+    Args:
+      model_path: HF model directory (config.json + safetensors).
+      python: interpreter of the SGLang environment (e.g. ``.venv-sglang/bin/python``).
+      module: ``"sgl_jax.launch_server"`` (JAX/CPU/TPU) or ``"sglang.launch_server"``
+        (PyTorch/GPU); both speak the same HTTP API.
+      args: extra launch flags (default ``JAX_CPU_ARGS`` for sgl_jax, none otherwise).
+      host, port: where it listens (default a free port on 127.0.0.1).
+      log_path: file receiving the server's stdout+stderr (default beside nothing:
+        ``/tmp/sglang-<port>.log``).
+      env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for sgl_jax).
+      ready_timeout_s: how long ``start`` waits for readiness.
+    """
+
+    def __init__(self, model_path: str, *, python: str, module: str = "sgl_jax.launch_server",
+                 args: Sequence[str] | None = None, host: str = "127.0.0.1",
+                 port: int | None = None, log_path: str | None = None,
+                 env: dict[str, str] | None = None, ready_timeout_s: float = 300.0,
+                 stop_timeout_s: float = 20.0):
+        self.model_path = model_path
+        self.python = python
+        self.module = module
+        self.args = tuple(args) if args is not None else (
+            JAX_CPU_ARGS if module.startswith("sgl_jax") else ())
+        self.host = host
+        self.port = port or free_port()
+        self.log_path = log_path or f"/tmp/sglang-{self.port}.log"
+        self.env = dict(env or {})
+        if module.startswith("sgl_jax"):
+            self.env.setdefault("JAX_PLATFORMS", "cpu")
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The launch command (for dry runs and docs)."""
+        return [self.python, "-m", self.module, "--model-path", self.model_path,
+                "--host", self.host, "--port", str(self.port), "--skip-tokenizer-init",
+                *self.args]
+
+    def start(self) -> None:
+        """Starts the server and blocks until it is ready.
+
+        Raises RuntimeError (with the log's tail) if the process exits or is
+        not ready within ``ready_timeout_s``; the process group is then stopped.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("server already running")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env}, start_new_session=True)
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"SGLang server exited with {self.proc.returncode}:\n{tail}")
+            if READY_LINE in self._read_log() and self._health_ok():
+                return
+            time.sleep(0.5)
+        tail = self.log_tail()
+        self.stop()
+        raise RuntimeError(f"SGLang server not ready after {self.ready_timeout_s} s:\n{tail}")
+
+    def stop(self) -> None:
+        """Ends the server's process group (idempotent, never raises)."""
+        proc = self.proc
+        if proc is None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(proc.pid):
+                proc.poll()
+                time.sleep(0.2)
+            if not _group_alive(proc.pid):
+                break
+        proc.poll()
+
+    def restart(self, model_path: str | None = None) -> None:
+        """Stops the server and starts it again, on ``model_path`` if given."""
+        self.stop()
+        if model_path is not None:
+            self.model_path = model_path
+        self.start()
+
+    def log_tail(self, n_chars: int = 4000) -> str:
+        return self._read_log()[-n_chars:]
+
+    def _read_log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def _health_ok(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def __enter__(self) -> "SGLangServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie member keeps the group "alive" until reaped; check /proc where it exists.
+    if not os.path.isdir("/proc"):
+        return True
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    return any(_pgid_of(p) == pgid for p in pids)
+
+
+def _pgid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[2]) if fields[0] != "Z" else None
+    except (OSError, ValueError, IndexError):
+        return None
