@@ -1,0 +1,169 @@
+"""Simulated online learning: the rewarded answer style drifts with learner steps.
+
+ALGORITHM.md §8: the preferred behaviour switches during training (paper: at
+~step 150 and ~step 300); reward = quality x style, both binary, from a judge.
+Here the behaviour is the *style* of the final answer (``STYLES`` in
+sao/envs/judges.py: ``bare`` "42", ``sentence`` "The answer is 42.",
+``boxed`` "\\boxed{42}") on numeric-answer tasks (reasoning-gym arithmetic).
+The prompt does not say which style is wanted: the policy must find out from
+rewards, and re-adapt after each switch. ``adaptation_lag`` measures how many
+learner steps that takes.
+
+**[ours]** The style in force is the one at the learner step when the answer
+is judged (read from ``clock``), not when the episode started.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from sao.envs.base import Task
+from sao.envs.judges import Judge, RuleJudge, check_style
+from sao.envs.tool_env import EpisodeConfig, ToolEnv
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftSchedule:
+    """Which style is rewarded at each learner step.
+
+    Attributes:
+      styles: style of each phase; phase i holds from ``switch_steps[i-1]``
+        (0 for i = 0) up to ``switch_steps[i]``.
+      switch_steps: strictly increasing learner steps (> 0) at which the next
+        phase starts; ``len(styles) == len(switch_steps) + 1``.
+
+    Raises ValueError on an unknown style, a bad ordering or a length mismatch.
+    """
+
+    styles: tuple[str, ...] = ("bare", "sentence", "boxed")
+    switch_steps: tuple[int, ...] = (150, 300)
+
+    def __post_init__(self):
+        object.__setattr__(self, "styles", tuple(self.styles))
+        object.__setattr__(self, "switch_steps", tuple(int(s) for s in self.switch_steps))
+        for s in self.styles:
+            check_style(s)
+        if len(self.styles) != len(self.switch_steps) + 1:
+            raise ValueError(f"{len(self.styles)} styles need {len(self.styles) - 1} switch steps, "
+                             f"got {len(self.switch_steps)}")
+        steps = (0,) + self.switch_steps
+        if any(b <= a for a, b in zip(steps, steps[1:])):
+            raise ValueError(f"switch_steps must be positive and increasing: {self.switch_steps}")
+
+    def phase(self, step: int) -> int:
+        """Index of the phase in force at learner ``step`` (>= 0)."""
+        if step < 0:
+            raise ValueError(f"learner step must be >= 0, got {step}")
+        return int(np.searchsorted(np.asarray(self.switch_steps), step, side="right"))
+
+    def style(self, step: int) -> str:
+        return self.styles[self.phase(step)]
+
+
+class LearnerClock:
+    """The learner step as the rollout worker knows it (thread-safe).
+
+    The worker calls ``set(version)`` when it loads new weights; drift envs
+    read it when judging. Callable: ``clock() -> int``.
+    """
+
+    def __init__(self, step: int = 0):
+        self._step = int(step)
+        self._lock = threading.Lock()
+
+    def set(self, step: int) -> None:
+        with self._lock:
+            self._step = int(step)
+
+    def __call__(self) -> int:
+        with self._lock:
+            return self._step
+
+
+class DriftEnv(ToolEnv):
+    """``ToolEnv`` whose reward is quality x style under a ``DriftSchedule``.
+
+    Args:
+      task: a numeric-answer task (its grader judges quality).
+      schedule: the style schedule.
+      clock: returns the current learner step (e.g. a ``LearnerClock``).
+      judge: default ``RuleJudge(task)``; an ``OpenAIJudge`` may replace it
+        (a ``JudgeError`` then propagates: the agent loop records the episode
+        as ``finish="error"``).
+      config: ``EpisodeConfig`` (the tool stays available).
+
+    ``info`` adds ``learner_step``, ``phase``, ``required_style``, ``quality``
+    and ``style_ok`` to ToolEnv's; ``correct`` is the judge's quality.
+    """
+
+    def __init__(self, task: Task, schedule: DriftSchedule, clock: Callable[[], int], *,
+                 judge: Judge | None = None, config: EpisodeConfig | None = None):
+        super().__init__(task, config)
+        self.task, self.schedule, self.clock = task, schedule, clock
+        self.judge = judge or RuleJudge(task)
+
+    def reward_for(self, correct: float, answer: str, action_text: str) -> float:
+        del correct, action_text
+        step = int(self.clock())
+        style = self.schedule.style(step)
+        prompt = self._prompt
+        verdict = self.judge.judge(prompt["text"], answer, prompt["entry"], style)
+        self._info.update(learner_step=step, phase=self.schedule.phase(step),
+                          required_style=style, quality=verdict.quality,
+                          style_ok=verdict.style, correct=verdict.quality)
+        return verdict.quality * verdict.style
+
+
+def adaptation_lag(steps: Sequence[int], rewards: Sequence[float],
+                   switch_steps: Sequence[int], *, level: float,
+                   window: int = 1) -> list[int | None]:
+    """Learner steps needed after each switch to recover a reward level.
+
+    For switch ``s`` the lag is ``t - s`` for the first logged step ``t >= s``
+    (before the next switch) at which the mean reward of the last ``window``
+    logged points since ``s`` is ``>= level``; None if that never happens.
+
+    Args:
+      steps: i64[N] learner steps of the log, strictly increasing.
+      rewards: f32[N] mean episode reward at each logged step.
+      switch_steps: learner steps at which the rewarded behaviour switched.
+      level: reward level that counts as recovered.
+      window: moving-average length in logged points (>= 1).
+
+    Raises ValueError on mismatched lengths, unsorted steps or window < 1.
+    """
+    steps_a = np.asarray(steps, dtype=np.int64)
+    rewards_a = np.asarray(rewards, dtype=np.float64)
+    if steps_a.shape != rewards_a.shape or steps_a.ndim != 1:
+        raise ValueError(f"steps and rewards must be 1-D of one length, got "
+                         f"{steps_a.shape} and {rewards_a.shape}")
+    if np.any(np.diff(steps_a) <= 0):
+        raise ValueError("steps must be strictly increasing")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    bounds = list(switch_steps) + [np.iinfo(np.int64).max]
+    lags: list[int | None] = []
+    for s, end in zip(bounds[:-1], bounds[1:]):
+        seg = (steps_a >= s) & (steps_a < end)
+        seg_steps, seg_rewards = steps_a[seg], rewards_a[seg]
+        lag = None
+        for i in range(len(seg_steps)):
+            lo = max(0, i - window + 1)
+            if i - lo + 1 == window and seg_rewards[lo:i + 1].mean() >= level:
+                lag = int(seg_steps[i] - s)
+                break
+        lags.append(lag)
+    return lags
+
+
+def phase_rewards(info_log: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Mean reward (quality x style) per phase from a list of episode infos."""
+    by_phase: dict[int, list[float]] = {}
+    for info in info_log:
+        if "phase" in info:
+            by_phase.setdefault(int(info["phase"]), []).append(
+                float(info["quality"]) * float(info["style_ok"]))
+    return {p: float(np.mean(v)) for p, v in sorted(by_phase.items())}
