@@ -10,9 +10,13 @@ when ``learner_version - oldest action version > tau``, ``duplicate`` when its
 prompt was already answered, ``unknown_lease``). The learner pulls batches
 with ``get_batch``; after each published step it calls ``push_weights``.
 
-Synchronous RL is the same code with ``tau=0, sync=True``: a batch of prompts
-is issued only when the learner asks for it (after it pushed its weights),
-and all B trajectories are awaited (a barrier).
+Between a ``get_batch`` and the next ``push_weights`` (or ``get_batch``) the
+budget is one batch smaller: prompts issued then run on weights one version
+older than the learner's next step, so this keeps every accepted trajectory's
+lag <= tau. Synchronous RL is the same code with ``tau=0``: the budget is then
+zero until the learner has pushed its new weights (and every worker has
+acknowledged them), so each batch of B prompts is generated entirely by the
+weights of the previous step and awaited as a whole (a barrier).
 
 Faults: a worker whose stream breaks loses its leases, which go back to the
 front of the queue for live workers; a lease older than ``lease_timeout_s``
@@ -47,9 +51,7 @@ class DispatcherConfig:
     Attributes:
       batch_size: B, trajectories per learner batch.
       vocab_size: ids at or above it are rejected (``bad_token_id``).
-      tau: staleness bound in versions (ALGORITHM.md §6; 0 = on-policy).
-      sync: barrier mode: issue the next batch's prompts only when the learner
-        asks for it (use with ``tau=0`` for synchronous RL).
+      tau: staleness bound in versions (ALGORITHM.md §6; 0 = synchronous RL).
       max_in_flight: prompts in flight + buffered; default ``(tau+1)*batch_size``.
       capacity_per_worker: leases per worker; default the worker's
         ``max_concurrency``.
@@ -65,7 +67,6 @@ class DispatcherConfig:
     batch_size: int
     vocab_size: int
     tau: int = 4
-    sync: bool = False
     max_in_flight: int | None = None
     capacity_per_worker: int | None = None
     max_attempts: int = 3
@@ -94,7 +95,6 @@ class _Lease:
     prompt: dict
     link: WorkerLink
     issued_at: float
-    respawned: bool = False
 
 
 def _prompt_id(prompt: dict, n: int) -> str:
@@ -132,7 +132,7 @@ class Dispatcher:
         self._buffer: collections.deque[Trajectory] = collections.deque()
         self._version = config.initial_version
         self._weights: tuple[int, str] | None = None
-        self._paused = config.sync   # sync: nothing issued before the first get_batch
+        self._awaiting_push = False  # a batch was served, its step not yet published
         self._session = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
         self.metrics = FleetMetrics()
@@ -190,7 +190,7 @@ class Dispatcher:
         deadline = None if timeout is None else t0 + timeout
         B = self.config.batch_size
         with self._cv:
-            self._paused = False
+            self._awaiting_push = False
             self._schedule()
             while True:
                 self._drop_stale_buffered()
@@ -203,10 +203,7 @@ class Dispatcher:
             batch = [self._buffer.popleft() for _ in range(min(B, len(self._buffer)))]
             self.metrics.batch_served(time.monotonic() - t0,
                                       [staleness.lag(t, self._version) for t in batch])
-            if self.config.sync:
-                self._paused = True
-            else:
-                self._schedule()
+            self._awaiting_push = bool(batch)
         return batch
 
     def push_weights(self, version: int, uri: str, timeout: float | None = None) -> dict[str, object]:
@@ -221,19 +218,21 @@ class Dispatcher:
             self._version, self._weights = int(version), (int(version), str(uri))
             links = list(self._live)
         results: dict[str, object] = {}
-        if not links:
-            return results
-        with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
-            futures = {pool.submit(link.update_weights, int(version), str(uri)): link
-                       for link in links}
-            for fut in concurrent.futures.as_completed(futures, timeout=timeout):
-                link, r = futures[fut], fut.result()
-                results[link.address] = r.version if r.ok else r.error
-                if r.ok:
-                    with self._cv:
-                        self.metrics.worker(link.address).version = r.version
-                else:
-                    link.reset()
+        if links:
+            with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
+                futures = {pool.submit(link.update_weights, int(version), str(uri)): link
+                           for link in links}
+                for fut in concurrent.futures.as_completed(futures, timeout=timeout):
+                    link, r = futures[fut], fut.result()
+                    results[link.address] = r.version if r.ok else r.error
+                    if r.ok:
+                        with self._cv:
+                            self.metrics.worker(link.address).version = r.version
+                    else:
+                        link.reset()
+        with self._cv:  # only now may the next batch's prompts go out
+            self._awaiting_push = False
+            self._schedule()
         return results
 
     def snapshot(self) -> dict:
@@ -435,10 +434,12 @@ class Dispatcher:
 
     def _schedule(self) -> None:
         """Issues leases while the budget and worker capacity allow."""
-        if self._paused or not self._live:
+        if not self._live:
             return
         out: dict[WorkerLink, list] = {}
         budget = self.config.budget - len(self._prompt_leases) - len(self._buffer)
+        if self._awaiting_push:
+            budget -= self.config.batch_size
         while budget > 0:
             link = max(self._live, key=self._free)
             if self._free(link) <= 0:
@@ -458,11 +459,10 @@ class Dispatcher:
             return
         now, out = time.monotonic(), {}
         for lease in list(self._leases.values()):
-            if lease.respawned or now - lease.issued_at < timeout:
-                continue
+            if now - lease.issued_at < timeout or len(self._prompt_leases[lease.prompt_id]) > 1:
+                continue  # not overdue, or already running twice
             others = [l for l in self._live if l is not lease.link and self._free(l) > 0]
             if others:
-                lease.respawned = True
                 self._issue(lease.prompt_id, lease.prompt, max(others, key=self._free), out)
                 self.metrics.reissued += 1
         for link, leases in out.items():

@@ -25,7 +25,8 @@ class ThreadedWorker:
     """
 
     def __init__(self, make: Callable[[], tuple[Engine, EpisodeFn]],
-                 config: WorkerConfig = WorkerConfig(), *, start_timeout: float = 30.0):
+                 config: WorkerConfig = WorkerConfig(), *, start_timeout: float = 30.0,
+                 **serve_kwargs):
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                         name="rollout-worker")
@@ -33,7 +34,7 @@ class ThreadedWorker:
 
         async def boot():
             engine, episode_fn = make()
-            return engine, await serve(engine, episode_fn, config)
+            return engine, await serve(engine, episode_fn, config, **serve_kwargs)
 
         try:
             self.engine, self.server = self._run(boot(), start_timeout)

@@ -193,16 +193,17 @@ class WorkerServer:
         await self.server.wait_for_termination()
 
 
-async def serve(engine: Engine, episode_fn: EpisodeFn,
-                config: WorkerConfig = WorkerConfig()) -> WorkerServer:
+async def serve(engine: Engine, episode_fn: EpisodeFn, config: WorkerConfig = WorkerConfig(),
+                *, servicer_cls: type[RolloutServicer] = RolloutServicer) -> WorkerServer:
     """Starts a worker on the running asyncio loop; returns once it listens.
 
+    ``servicer_cls`` swaps the service implementation (fault-injection tests).
     Raises RuntimeError if the port cannot be bound.
     """
     sec = config.security
     interceptors = [auth.TokenInterceptor(sec.token)] if sec.token else []
     server = grpc.aio.server(interceptors=interceptors, options=auth.server_options())
-    servicer = RolloutServicer(engine, episode_fn, config)
+    servicer = servicer_cls(engine, episode_fn, config)
     sao_pb2_grpc.add_RolloutWorkerServicer_to_server(servicer, server)
     port = auth.add_port(server, f"{config.host}:{config.port}", sec)
     if port == 0:

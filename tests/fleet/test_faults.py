@@ -1,0 +1,178 @@
+"""Faults: a SIGKILLed worker, a restarted worker, a restarted learner, hostile workers."""
+import asyncio
+import collections
+
+import numpy as np
+import pytest
+
+from sao.fleet import sim
+from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
+from sao.fleet.local import ThreadedWorker
+from sao.fleet.worker import RolloutServicer, WorkerConfig
+from sao.rpc import sao_pb2
+
+from .helpers import VOCAB, SubprocessWorker, good_trajectory, prompts, sim_workers, wait_until
+
+
+def test_sigkilled_worker_leases_reissued_restarted_worker_rejoins():
+    ps = sim.lognormal_prompts(120, median=120, sigma=0.4, seed=3, max_len=400)
+    cfg = DispatcherConfig(batch_size=8, vocab_size=VOCAB, tau=1000, reconnect_s=0.1)
+    a, b = SubprocessWorker(), SubprocessWorker()
+    try:
+        with Dispatcher([a.address, b.address], ps, cfg) as d:
+            trained = d.get_batch(timeout=60)
+            wait_until(lambda: len(d._link_leases[d._links[a.address]]) > 0)
+            a.kill()
+            trained += d.get_batch(timeout=60)
+            wait_until(lambda: not d.snapshot()["workers"][a.address]["live"])
+            assert d.snapshot()["reissued"] > 0
+            a = SubprocessWorker(port=a.port)  # restart on the same address
+            wait_until(lambda: d.snapshot()["workers"][a.address]["connects"] == 2)
+            before = d.snapshot()["workers"][a.address]["trajectories"]
+            while batch := d.get_batch(timeout=60):
+                trained += batch
+            m = d.snapshot()
+    finally:
+        a.stop()
+        b.stop()
+    counts = collections.Counter(t.prompt_id for t in trained)
+    assert set(counts) == {p["prompt_id"] for p in ps} and set(counts.values()) == {1}
+    assert m["trained"] == 120 and m["dropped"] == m["drops"].get("duplicate", 0)
+    assert m["workers"][a.address]["trajectories"] > before  # the restarted worker served
+
+
+class FakeLink:
+    """Stands in for a WorkerLink: captures leases, lets a test answer them."""
+
+    def __init__(self, address):
+        self.address = address
+        self.leases: collections.deque = collections.deque()
+        self.cancelled: list[str] = []
+
+    def send(self, request):
+        self.leases.extend(request.leases)
+        self.cancelled.extend(request.cancel_lease_ids)
+
+    def answer(self, d, lease, traj=None, data=None, error=None):
+        if error is not None:
+            f = sao_pb2.Finished(lease_id=lease.lease_id, error=error)
+        else:
+            if data is None:
+                from sao.rpc import codec
+                data = codec.encode(traj if traj is not None else good_trajectory(lease.prompt_id))
+            f = sao_pb2.Finished(lease_id=lease.lease_id, trajectory=data)
+        d.link_response(self, sao_pb2.GenerateResponse(finished=[f]))
+
+
+def test_duplicate_from_slow_but_alive_worker_is_dropped():
+    cfg = DispatcherConfig(batch_size=1, vocab_size=VOCAB, lease_timeout_s=0.05)
+    d = Dispatcher([], prompts(1), cfg)
+    slow, fast = FakeLink("slow"), FakeLink("fast")
+    assert d.link_joined(slow, 4, None)
+    [lease] = slow.leases
+    assert d.link_joined(fast, 4, None)
+    with pytest.raises(TimeoutError):  # waits past the lease timeout: respawned on `fast`
+        d.get_batch(timeout=0.3)
+    [respawn] = fast.leases
+    assert respawn.prompt_id == lease.prompt_id and respawn.lease_id != lease.lease_id
+    fast.answer(d, respawn)
+    assert slow.cancelled == [lease.lease_id]  # the slow copy is told to stop
+    slow.answer(d, lease)                      # ... but answers anyway
+    [t] = d.get_batch(timeout=1)
+    assert t.trajectory_id == respawn.lease_id
+    m = d.snapshot()
+    assert m["drops"] == {"duplicate": 1} and m["trained"] == 1
+
+
+def test_lost_worker_then_late_answer_counts_once():
+    d = Dispatcher([], prompts(1), DispatcherConfig(batch_size=1, vocab_size=VOCAB))
+    a, b = FakeLink("a"), FakeLink("b")
+    d.link_joined(a, 4, None)
+    [lease] = a.leases
+    d.link_lost(a, "UNAVAILABLE")
+    d.link_joined(b, 4, None)
+    [again] = b.leases
+    a.answer(d, lease)       # the 'dead' worker was only partitioned: first answer wins
+    b.answer(d, again)
+    assert [t.prompt_id for t in d.get_batch(timeout=1)] == ["p0"]
+    assert d.snapshot()["drops"] == {"duplicate": 1}
+
+
+@pytest.mark.parametrize("make,reason", [
+    (lambda t: setattr(t, "action_mask", t.action_mask[:-1]), "length_mismatch"),
+    (lambda t: t.tokens.__setitem__(0, VOCAB), "bad_token_id"),
+    (lambda t: t.rollout_logprobs.__setitem__(-1, np.nan), "nonfinite_logprob"),
+    (lambda t: t.rollout_logprobs.__setitem__(-1, 0.5), "positive_logprob"),
+    (lambda t: t.action_mask.__setitem__(slice(None), False), "no_action_token"),
+    (lambda t: t.policy_version.__setitem__(-1, 7), "future_version"),
+    (lambda t: setattr(t, "finish", "exploded"), "bad_finish"),
+    (lambda t: setattr(t, "reward", np.inf), "nonfinite_reward"),
+])
+def test_malformed_trajectory_rejected_with_reason(make, reason):
+    d = Dispatcher([], prompts(2), DispatcherConfig(batch_size=1, vocab_size=VOCAB))
+    link = FakeLink("w")
+    d.link_joined(link, 4, None)
+    bad = good_trajectory("p0")
+    make(bad)
+    link.answer(d, link.leases.popleft(), traj=bad)
+    link.answer(d, link.leases.popleft())
+    assert [t.prompt_id for t in d.get_batch(timeout=1)] == ["p1"]
+    assert d.snapshot()["drops"] == {reason: 1}
+
+
+class CorruptingServicer(RolloutServicer):
+    """Sends garbage for every other lease, a real trajectory for the rest."""
+
+    n = 0
+
+    async def _episode(self, lease):
+        CorruptingServicer.n += 1
+        if CorruptingServicer.n % 2:
+            return sao_pb2.Finished(lease_id=lease.lease_id, trajectory=b"\x0a\xff\x01junk")
+        return await super()._episode(lease)
+
+
+def test_corrupt_bytes_over_the_wire_are_counted_and_stream_survives():
+    def make():
+        engine = sim.SimulatedEngine(seconds_per_token=1e-4)
+        return engine, sim.make_sim_episode_fn(engine)
+    cfg = DispatcherConfig(batch_size=5, vocab_size=VOCAB)
+    with ThreadedWorker(make, WorkerConfig(max_concurrency=1), servicer_cls=CorruptingServicer) \
+            as w, Dispatcher([w.address], prompts(10), cfg) as d:
+        trained = d.get_batch(timeout=30)
+        m = d.snapshot()
+    assert len(trained) == 5 and m["drops"] == {"decode_error": 5}
+    assert m["workers"][w.address]["connects"] == 1
+
+
+def test_learner_restart_resumes_from_state_dict():
+    ps = prompts(40, length=40)
+    source = iter(ps)   # the caller restores its prompt iterator (grain state) itself
+    cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=3)
+    with sim_workers(2) as ws:
+        addrs = [w.address for w in ws]
+        with Dispatcher(addrs, source, cfg) as d1:
+            trained = d1.get_batch(timeout=30)
+            d1.push_weights(1, "ckpt/1")
+            trained += d1.get_batch(timeout=30)
+            d1.push_weights(2, "ckpt/2")
+            wait_until(lambda: d1.snapshot()["queue_depth"] > 0)
+            state = Dispatcher.loads_state(Dispatcher.dumps_state(d1.state_dict()))
+        assert state["buffer"] and state["version"] == 2
+        d2 = Dispatcher(addrs, source, cfg)
+        d2.load_state_dict(state)
+        with d2:
+            assert d2.learner_version == 2
+            while batch := d2.get_batch(timeout=30):
+                trained += batch
+                d2.push_weights(d2.learner_version + 1, "ckpt")
+            m = d2.snapshot()
+    counts = collections.Counter(t.prompt_id for t in trained)
+    assert sorted(counts) == sorted(p["prompt_id"] for p in ps) and set(counts.values()) == {1}
+    assert m["trained"] == 40 and m["dropped"] == 0
+
+
+def test_load_state_dict_after_start_refused():
+    with Dispatcher([], [], DispatcherConfig(batch_size=1, vocab_size=VOCAB)) as d:
+        with pytest.raises(RuntimeError, match="before start"):
+            d.load_state_dict(d.state_dict())
