@@ -1,0 +1,104 @@
+"""Prompt pipelines with grain: deterministic, sharded, reshuffled per epoch, resumable.
+
+Prompt records are the small JSON-able dicts of sao/envs/base.py
+(``prompt_id``, ``task``, ``text``, ``entry``). A pipeline is::
+
+    records -> MapDataset.source -> [shard_index::shard_count]
+            -> .seed(seed).shuffle()   (a new permutation every epoch)
+            -> .repeat(num_epochs)     (None: forever)
+            -> + "epoch" field -> IterDataset -> iterator
+
+The iterator's ``get_state()`` is a small JSON-able dict; ``set_state()`` on a
+fresh iterator of the same pipeline resumes exactly where it was. Train and
+held-out splits are chosen by a seeded hash of the prompt text, so they are
+disjoint even when a generator repeats a question.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Mapping, Sequence
+
+import grain
+
+from sao.envs.base import check_prompt
+
+
+def split_records(records: Sequence[Mapping[str, Any]], *, heldout_fraction: float,
+                  seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Splits records into (train, held-out) by a seeded hash of their text.
+
+    A record is held out when ``blake2b(seed, text) / 2**64 < heldout_fraction``:
+    the split is deterministic, independent of record order, and identical
+    questions always fall on the same side. Raises ValueError if the fraction
+    is outside [0, 1] or a record is malformed.
+    """
+    if not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+    train, heldout = [], []
+    for rec in records:
+        check_prompt(rec)
+        digest = hashlib.blake2b(f"{int(seed)}\0{rec['text']}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2.0 ** 64
+        (heldout if u < heldout_fraction else train).append(dict(rec))
+    return train, heldout
+
+
+def _with_epoch(shard_len: int):
+    def add(index: int, record: dict[str, Any]) -> dict[str, Any]:
+        return {**record, "epoch": index // shard_len}
+    return add
+
+
+def prompt_dataset(records: Sequence[Mapping[str, Any]], *, seed: int, shard_index: int = 0,
+                   shard_count: int = 1, num_epochs: int | None = None,
+                   shuffle: bool = True) -> grain.MapDataset:
+    """A grain ``MapDataset`` of prompt records for one worker.
+
+    Args:
+      records: prompt records (validated; ``entry`` must be JSON-able).
+      seed: shuffle seed; epoch ``e`` uses a permutation derived from (seed, e).
+      shard_index, shard_count: this worker's shard (records
+        ``shard_index::shard_count``); shards are disjoint and cover all records.
+      num_epochs: passes over the shard; None repeats forever.
+      shuffle: False keeps record order (evaluation).
+
+    Elements are the records plus ``"epoch"`` (0-based pass number).
+    Raises ValueError on a bad shard, an empty shard, or a malformed record.
+    """
+    if shard_count < 1 or not 0 <= shard_index < shard_count:
+        raise ValueError(f"need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"num_epochs must be >= 1 or None, got {num_epochs}")
+    recs = []
+    for rec in records:
+        check_prompt(rec)
+        recs.append(json.loads(json.dumps(dict(rec))))    # JSON-able, detached copies
+    ids = [r["prompt_id"] for r in recs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt_ids must be unique")
+    ds = grain.MapDataset.source(recs)[shard_index::shard_count]
+    if len(ds) == 0:
+        raise ValueError(f"shard {shard_index} of {shard_count} is empty ({len(recs)} records)")
+    shard_len = len(ds)
+    ds = ds.seed(int(seed))
+    if shuffle:
+        ds = ds.shuffle()
+    ds = ds.repeat(num_epochs)
+    return ds.map_with_index(_with_epoch(shard_len))
+
+
+def prompt_iterator(records: Sequence[Mapping[str, Any]], *, seed: int, shard_index: int = 0,
+                    shard_count: int = 1, num_epochs: int | None = None,
+                    shuffle: bool = True, state: Mapping[str, Any] | None = None):
+    """An iterator over ``prompt_dataset(...)``; resumes from ``state`` if given.
+
+    The iterator has ``get_state() -> dict`` (JSON-able) and ``set_state(dict)``.
+    Raises ValueError as ``prompt_dataset``.
+    """
+    ds = prompt_dataset(records, seed=seed, shard_index=shard_index, shard_count=shard_count,
+                        num_epochs=num_epochs, shuffle=shuffle)
+    it = iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    if state is not None:
+        it.set_state(dict(state))
+    return it

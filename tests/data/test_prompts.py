@@ -1,0 +1,87 @@
+"""grain prompt pipelines: determinism, per-epoch reshuffle, sharding, resume, splits."""
+import json
+
+import pytest
+
+from sao.data.prompts import prompt_dataset, prompt_iterator, split_records
+from sao.envs.base import make_prompt
+
+
+def records(n=20, task="t"):
+    return [make_prompt(f"{task}/{i}", task, f"question {i}", {"answer": str(i)})
+            for i in range(n)]
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_deterministic_and_reshuffled_each_epoch():
+    recs = records()
+    a = take(prompt_iterator(recs, seed=7), 60)
+    b = take(prompt_iterator(recs, seed=7), 60)
+    assert a == b
+    epochs = [[r["prompt_id"] for r in a[i * 20:(i + 1) * 20]] for i in range(3)]
+    assert all(sorted(e) == sorted(r["prompt_id"] for r in recs) for e in epochs)
+    assert epochs[0] != epochs[1] != epochs[2]                      # new order every epoch
+    assert [r["epoch"] for r in a] == [i // 20 for i in range(60)]
+    c = take(prompt_iterator(recs, seed=8), 20)
+    assert [r["prompt_id"] for r in c] != epochs[0]                  # the seed matters
+    plain = take(prompt_iterator(recs, seed=7, shuffle=False), 20)
+    assert [r["prompt_id"] for r in plain] == [r["prompt_id"] for r in recs]
+
+
+def test_shards_are_disjoint_and_cover_everything():
+    recs = records(23)
+    seen = []
+    for k in range(4):
+        shard = list(prompt_dataset(recs, seed=1, shard_index=k, shard_count=4, num_epochs=1))
+        seen.append({r["prompt_id"] for r in shard})
+    assert sum(len(s) for s in seen) == 23
+    assert set().union(*seen) == {r["prompt_id"] for r in recs}
+    with pytest.raises(ValueError):
+        prompt_dataset(recs, seed=1, shard_index=4, shard_count=4)
+    with pytest.raises(ValueError):
+        prompt_dataset(records(2), seed=1, shard_index=2, shard_count=3)     # empty shard
+
+
+def test_finite_epochs_end():
+    assert len(list(prompt_iterator(records(5), seed=0, num_epochs=2))) == 10
+
+
+@pytest.mark.parametrize("consumed", [7, 33])
+def test_checkpoint_round_trip_resumes_exactly(consumed):
+    recs = records()
+    it = prompt_iterator(recs, seed=3, shard_index=1, shard_count=2)
+    take(it, consumed)
+    state = json.loads(json.dumps(it.get_state()))           # survives a JSON checkpoint
+    expected = take(it, 25)
+    resumed = prompt_iterator(recs, seed=3, shard_index=1, shard_count=2, state=state)
+    assert take(resumed, 25) == expected
+    fresh = prompt_iterator(recs, seed=3, shard_index=1, shard_count=2)
+    fresh.set_state(state)
+    assert take(fresh, 25) == expected
+
+
+def test_train_and_heldout_split_disjoint_and_seeded():
+    recs = records(200)
+    recs += [make_prompt("dup/0", "t", "question 3", {"answer": "3"})]   # repeated question
+    train, held = split_records(recs, heldout_fraction=0.2, seed=0)
+    train_texts, held_texts = {r["text"] for r in train}, {r["text"] for r in held}
+    assert not train_texts & held_texts
+    assert len(train) + len(held) == len(recs)
+    assert 20 <= len(held) <= 60
+    assert split_records(list(reversed(recs)), heldout_fraction=0.2, seed=0)[1] == \
+        list(reversed(held))                                       # order independent
+    other = split_records(recs, heldout_fraction=0.2, seed=1)[1]
+    assert {r["prompt_id"] for r in other} != {r["prompt_id"] for r in held}
+    assert split_records(recs, heldout_fraction=0.0, seed=0)[1] == []
+    with pytest.raises(ValueError):
+        split_records(recs, heldout_fraction=1.5, seed=0)
+
+
+def test_bad_records_raise():
+    with pytest.raises(ValueError):
+        prompt_dataset([{"text": "no id"}], seed=0)
+    with pytest.raises(ValueError):
+        prompt_dataset(records(3) + records(3), seed=0)             # duplicate ids
