@@ -1,6 +1,7 @@
 """A tiny deterministic learner for fleet tests: a unigram softmax policy
-(``logits: f32[V]``) trained with the DIS loss of ALGORITHM.md §4 on
-``reward - mean reward`` advantages. Stands in for the project learner in
+(``logits: f32[V]``) trained with a DIS-shaped loss (ALGORITHM.md §4, with a
+wide ratio band (1e-3, 1e3) because the simulated engine's log-probs are far
+from a uniform policy) on ``reward - mean reward`` advantages. Stands in for the project learner in
 replay and fuzz tests: what matters here is that it is deterministic and
 that bad trajectories would poison it (NaN) if they got through."""
 from __future__ import annotations
@@ -21,7 +22,7 @@ def _step(logits, tokens, action_mask, rollout_logprobs, rewards, row_mask, lr):
     def loss_fn(lg):
         logp = jax.nn.log_softmax(lg)[tokens]
         ratio = jnp.exp(logp - rollout_logprobs)
-        keep = (ratio > 0.7) & (ratio < 6.0) & action_mask
+        keep = (ratio > 1e-3) & (ratio < 1e3) & action_mask
         seq_reward = rewards.sum(-1)
         adv = (seq_reward - (seq_reward * row_mask).sum() / jnp.maximum(row_mask.sum(), 1))[:, None]
         per_token = -jax.lax.stop_gradient(jnp.where(keep, ratio, 0.0)) * adv * logp
