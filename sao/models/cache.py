@@ -1,0 +1,73 @@
+"""KV cache: per-layer key/value buffers whose rows are independent.
+
+Slot ``s`` of row ``b`` holds the key/value of the token at position ``s`` of
+that row; a decode step at position ``p`` writes slot ``p`` and attends to slots
+``<= p``, so slots past a row's length may hold stale values harmlessly. This is
+what lets an engine refill one row (`write_cache_row`) while others decode.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from sao.models.config import ModelConfig
+
+
+@struct.dataclass
+class KVCache:
+    """k, v: tuples of L arrays [B, S, K, hd] (batch, slot, kv head, head dim)."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """Zeroed cache for ``batch`` rows of up to ``max_len`` tokens.
+
+    Args:
+      dtype: storage dtype; defaults to the model's compute dtype.
+    Raises:
+      ValueError: non-positive batch or max_len.
+    """
+    if batch <= 0 or max_len <= 0:
+        raise ValueError(f"batch and max_len must be positive, got {batch}, {max_len}")
+    dtype = cfg.jnp_dtype if dtype is None else jnp.dtype(dtype)
+    shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
+    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
+
+
+def fill_cache(cache: KVCache, kvs: list[tuple[jax.Array, jax.Array]]) -> KVCache:
+    """Writes per-layer prefill keys/values [B, T, K, hd] into slots [0, T).
+
+    Raises ValueError if T exceeds the cache length or the batch differs.
+    """
+    t = kvs[0][0].shape[1]
+    if t > cache.max_len:
+        raise ValueError(f"prompt length {t} exceeds cache max_len {cache.max_len}")
+    if kvs[0][0].shape[0] != cache.batch_size:
+        raise ValueError(f"batch {kvs[0][0].shape[0]} != cache batch {cache.batch_size}")
+    ks = tuple(c.at[:, :t].set(k.astype(c.dtype)) for c, (k, _) in zip(cache.k, kvs))
+    vs = tuple(c.at[:, :t].set(v.astype(c.dtype)) for c, (_, v) in zip(cache.v, kvs))
+    return KVCache(k=ks, v=vs)
+
+
+@jax.jit
+def write_cache_row(cache: KVCache, row: jax.Array, row_cache: KVCache) -> KVCache:
+    """Copies a one-row cache (e.g. from `prefill` on a batch of 1) into row
+    ``row`` (i32 scalar) of a batch cache; other rows are untouched.
+
+    Shapes: cache [B, S, K, hd] per layer, row_cache [1, S, K, hd].
+    """
+    def put(full, one):
+        return jax.lax.dynamic_update_slice_in_dim(full, one.astype(full.dtype), row, axis=0)
+    return jax.tree.map(put, cache, row_cache)

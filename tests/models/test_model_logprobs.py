@@ -1,0 +1,92 @@
+"""token_logprobs / token_logprobs_and_entropy / predict_values: alignment,
+chunking, float32 head, gradients."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sao.models import (Transformer, ValueModel, get_preset, predict_values, token_logprobs,
+                        token_logprobs_and_entropy)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(get_preset("tiny", num_layers=1), rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return jax.random.randint(jax.random.key(1), (3, 13), 0, 272)
+
+
+def _reference(model, tokens, temperature):
+    logits = np.asarray(model(tokens), np.float64) / temperature
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    logp = logits - logz[..., None]
+    lp = np.zeros(tokens.shape)
+    ent = np.zeros(tokens.shape)
+    for b in range(tokens.shape[0]):
+        for t in range(1, tokens.shape[1]):
+            lp[b, t] = logp[b, t - 1, tokens[b, t]]
+            ent[b, t] = -(np.exp(logp[b, t - 1]) * logp[b, t - 1]).sum()
+    return lp, ent
+
+
+@pytest.mark.parametrize("chunk,temperature", [(4, 1.0), (5, 0.6), (128, 1.3)])
+def test_matches_full_log_softmax(model, tokens, chunk, temperature):
+    lp, ent = token_logprobs_and_entropy(model, tokens, temperature=temperature, chunk=chunk)
+    ref_lp, ref_ent = _reference(model, np.asarray(tokens), temperature)
+    assert lp.dtype == jnp.float32 and lp.shape == tokens.shape
+    np.testing.assert_allclose(lp, ref_lp, atol=2e-5)
+    np.testing.assert_allclose(ent, ref_ent, atol=2e-5)
+    assert np.all(np.asarray(lp[:, 0]) == 0) and np.all(np.asarray(ent[:, 0]) == 0)
+    np.testing.assert_array_equal(token_logprobs(model, tokens, temperature=temperature,
+                                                 chunk=chunk), lp)
+
+
+def test_gradient_matches_unchunked(model, tokens):
+    graphdef, state = nnx.split(model)
+
+    def chunked(state):
+        return token_logprobs(nnx.merge(graphdef, state), tokens, chunk=3).sum()
+
+    def full(state):
+        m = nnx.merge(graphdef, state)
+        logp = jax.nn.log_softmax(m(tokens), -1)[:, :-1]
+        return jnp.take_along_axis(logp, tokens[:, 1:, None], -1).sum()
+
+    g1, g2 = jax.grad(chunked)(state), jax.grad(full)(state)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_bf16_params_give_f32_logprobs(tokens):
+    m = Transformer(get_preset("tiny", num_layers=1, param_dtype="bfloat16", dtype="bfloat16"),
+                    rngs=nnx.Rngs(0))
+    lp = token_logprobs(m, tokens)
+    assert lp.dtype == jnp.float32
+    assert np.all(np.isfinite(lp)) and np.all(np.asarray(lp) <= 0)
+
+
+def test_single_token_and_bad_input(model):
+    one = jnp.array([[5], [7]], jnp.int32)
+    np.testing.assert_array_equal(token_logprobs(model, one), np.zeros((2, 1)))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(model, one, temperature=0.0)
+    with pytest.raises(ValueError, match="tokens"):
+        token_logprobs(model, jnp.zeros((4,), jnp.int32))
+
+
+def test_predict_values_alignment(model, tokens):
+    critic = ValueModel.from_policy(model)
+    np.testing.assert_array_equal(predict_values(critic, tokens), np.zeros(tokens.shape))
+    w = jax.random.normal(jax.random.key(3), critic.value_head.kernel.shape)
+    critic.value_head.kernel[...] = w
+    critic.value_head.bias[...] = jnp.array([0.25])
+    values = predict_values(critic, tokens)
+    hidden = np.asarray(critic.hidden_states(tokens), np.float64)
+    expected = hidden @ np.asarray(w, np.float64)[:, 0] + 0.25
+    assert values.dtype == jnp.float32 and values.shape == tokens.shape
+    np.testing.assert_array_equal(values[:, 0], 0.0)
+    np.testing.assert_allclose(values[:, 1:], expected[:, :-1], atol=1e-5)
