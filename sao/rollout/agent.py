@@ -132,7 +132,7 @@ async def run_episode(engine: Engine, env, tokenizer, prompt: Any, sampling: Sam
       max_turns: most engine turns (actions), >= 1.
       max_total_tokens: most tokens in the whole trajectory, prompt included.
       turn_format: defaults to ``byte_tool_format(tokenizer)``.
-      prompt_id: stored in the trajectory (default ``str(prompt["id"])`` if
+      prompt_id: stored in the trajectory (default ``prompt["prompt_id"]`` or ``prompt["id"]`` if
         the prompt has one, else ``""``).
 
     Returns a ``Trajectory`` whose tokens are the prompt ids, the engine's ids
@@ -147,7 +147,8 @@ async def run_episode(engine: Engine, env, tokenizer, prompt: Any, sampling: Sam
     fmt = turn_format or byte_tool_format(tokenizer)
     stops = tuple(dict.fromkeys(sampling.stop_token_ids + fmt.stop_token_ids))
     if prompt_id is None:
-        prompt_id = str(prompt["id"]) if isinstance(prompt, Mapping) and "id" in prompt else ""
+        key = next((k for k in ("prompt_id", "id") if isinstance(prompt, Mapping) and k in prompt), None)
+        prompt_id = str(prompt[key]) if key else ""
     t_start = time.perf_counter()
     timings = {"generate_s": 0.0, "tool_s": 0.0}
 
