@@ -23,9 +23,9 @@ def test_tool_episode_through_the_agent_loop():
     ])
     env = ToolEnv(task, EpisodeConfig(max_turns=4))
     traj = asyncio.run(run_episode(engine, env, tok, prompt, SamplingParams(max_new_tokens=64),
-                                   max_turns=4, max_total_tokens=1024,
-                                   prompt_id=prompt["prompt_id"]))
+                                   max_turns=4, max_total_tokens=1024))
     assert traj.finish == "stop" and traj.reward == 1.0
+    assert traj.prompt_id == prompt["prompt_id"]
     assert traj.metadata["tool_calls"] == 1 and traj.metadata["correct"] == 1.0
     text = tok.decode(traj.tokens)
     assert f"<output>{answer}</output>" in text           # the tool ran and was framed
