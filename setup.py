@@ -13,7 +13,7 @@ INSTALL_REQUIRES = [
     "absl-py>=2.1",
     "grpcio>=1.85,<2",
     "grpcio-tools>=1.85,<2",
-    "protobuf>=6.31",
+    "protobuf>=7.35.1,<8",  # sao/rpc stubs are generated for protobuf 7.35
     "numpy>=2.0,<3",
     "safetensors>=0.5",
     "tokenizers>=0.21,<1",
@@ -31,6 +31,7 @@ EXTRAS = {
         "pytest>=8,<10",
         "pytest-timeout>=2.3",
         "hypothesis>=6.100,<7",
+        "cryptography>=42",  # self-signed certificates in tests/rpc (TLS)
         "chex>=0.1.90,<0.2",
         "torch==2.13.0",
         "transformers>=4.56,<6",
