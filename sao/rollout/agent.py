@@ -99,7 +99,7 @@ class _Builder:
 
 
 async def _env_call(fn: Callable, *args):
-    """Calls a sync env method in a thread (tools may block) or awaits an async one."""
+    """Awaits an async env method, or runs a sync one in a thread (tools may block)."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
     return await asyncio.to_thread(fn, *args)
@@ -121,9 +121,10 @@ async def run_episode(engine: Engine, env, tokenizer, prompt: Any, sampling: Sam
 
     Args:
       engine: any ``Engine``; called with the full id sequence so far.
-      env: ``reset(prompt) -> token ids`` (or text, encoded once) and
+      env: ``reset(prompt) -> text`` (encoded once; or token ids) and
         ``step(action_text) -> StepResult(observation_text, done, reward, info)``;
-        sync methods run in a worker thread, async ones are awaited.
+        an ``astep`` coroutine is preferred to ``step``; sync methods run in
+        a worker thread.
       tokenizer: decodes actions for the env, encodes observations.
       prompt: what ``env.reset`` takes (a task record).
       sampling: per-turn sampling; its ``max_new_tokens`` is capped by the
@@ -177,7 +178,8 @@ async def run_episode(engine: Engine, env, tokenizer, prompt: Any, sampling: Sam
             break
         t0 = time.perf_counter()
         try:
-            result = await _env_call(env.step, tokenizer.decode(completion.tokens))
+            result = await _env_call(getattr(env, "astep", None) or env.step,
+                                     tokenizer.decode(completion.tokens))
         except Exception as e:  # the environment failed, not the policy
             finish, metadata["error"] = "error", f"{type(e).__name__}: {e}"
             break

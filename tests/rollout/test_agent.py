@@ -119,3 +119,34 @@ def test_many_episodes_concurrently():
                                      max_total_tokens=64))
     assert [t.prompt_id for t in trajs] == [str(i) for i in range(12)]
     assert all(t.reward == 1.0 for t in trajs)
+
+
+def test_multi_turn_trajectory_exact_with_tool_env():
+    """Scripted engine + the real sandboxed ToolEnv: every token, mask and version."""
+    envs = pytest.importorskip("sao.envs")
+    if not envs.sandbox_available():
+        pytest.skip("the Python sandbox needs namespaces this machine does not allow")
+    from sao.data.prompts import prompt_iterator
+    from sao.rollout.show import format_trajectory
+
+    task = envs.make_task("rg/chain_sum", size=4, seed=0)
+    prompt = next(prompt_iterator(task.records(), seed=0))
+    expr, answer = prompt["entry"]["metadata"]["expression"], prompt["entry"]["answer"]
+    act1, act2 = enc(f"<python>print({expr})</python>"), enc(f"<answer>{answer}</answer>")
+    eng = ScriptedEngine([act1, ScriptedTurn(act2, swap_to={3: 1})])  # swap inside turn 2
+    env = envs.ToolEnv(task, envs.EpisodeConfig(max_turns=4))
+    traj = asyncio.run(run_episode(eng, env, TOK, prompt, SamplingParams(max_new_tokens=64),
+                                   max_turns=4, max_total_tokens=1024))
+    prompt_ids = enc(envs.ToolEnv(task).reset(prompt))
+    obs = [OUT, *enc(answer), OUT_END]  # what the sandboxed print() wrote, framed
+    assert traj.tokens.tolist() == prompt_ids + act1 + obs + act2
+    p, a1, o = len(prompt_ids), len(act1), len(obs)
+    assert traj.action_mask.tolist() == [False] * p + [True] * a1 + [False] * o + [True] * len(act2)
+    assert traj.policy_version.tolist() == [0] * (p + a1 + o + 3) + [1] * (len(act2) - 3)
+    assert eng.prompts == [prompt_ids, prompt_ids + act1 + obs]
+    assert (traj.finish, traj.reward, traj.prompt_id) == ("stop", 1.0, prompt["prompt_id"])
+    assert traj.metadata["tool_calls"] == 1 and traj.metadata["correct"] == 1.0
+    assert validate(traj, vocab_size=TOK.vocab_size, learner_version=1) is None
+    table = format_trajectory(traj, TOK)
+    assert "'<output>" + answer + "</output>'" in table and table.count(" action ") == 3
+    print(table)
