@@ -9,6 +9,7 @@ the problem's tests in the sandbox; correctness is 1 when every test passes
 from __future__ import annotations
 
 import re
+import textwrap
 from typing import Any, Mapping, Sequence
 
 from sao.envs.base import Task, make_prompt
@@ -34,10 +35,14 @@ def build_program(answer: str, entry: Mapping[str, Any]) -> str:
     """The test program: solution, the problem's ``check`` and a call of it.
 
     A solution that defines ``def <entry_point>(`` is used alone, otherwise it
-    is appended to the prompt (a body completion, as in the HumanEval paper).
+    is appended to the prompt (a body completion, as in the HumanEval paper;
+    a body without indentation is indented by four spaces).
     """
     code = extract_code(answer)
     if not re.search(rf"^\s*def\s+{re.escape(entry['entry_point'])}\s*\(", code, re.MULTILINE):
+        first = next((line for line in code.split("\n") if line.strip()), "")
+        if first and not first[0].isspace():     # a body given without its indentation
+            code = textwrap.indent(code, "    ")
         code = entry["prompt"] + code
     return f"{code}\n\n{entry['test']}\n\ncheck({entry['entry_point']})\n"
 

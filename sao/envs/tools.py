@@ -66,7 +66,8 @@ class ParsedTurn:
 
     Attributes:
       code: program of the tool call, or None.
-      answer: final answer text (stripped), or None.
+      answer: final answer text, or None; stripped if one line, else only
+        blank lines around it are removed (code keeps its indentation).
       error: why a tool call was malformed (bad JSON, unknown tool), or None.
     """
 
@@ -86,7 +87,7 @@ def parse_turn(text: str, fmt: ToolFormat) -> ParsedTurn:
     check_format(fmt)
     answers = _ANSWER_RE.findall(text)
     if answers:
-        return ParsedTurn(answer=answers[-1].strip())
+        return ParsedTurn(answer=_strip_answer(answers[-1]))
     if fmt == "tags":
         blocks = _PY_RE.findall(text)
         return ParsedTurn(code=blocks[-1]) if blocks else ParsedTurn()
@@ -98,6 +99,17 @@ def parse_turn(text: str, fmt: ToolFormat) -> ParsedTurn:
         body = body.strip()
         return ParsedTurn(answer=body) if body else ParsedTurn()
     return _parse_hermes_call(calls[-1])
+
+
+def _strip_answer(answer: str) -> str:
+    """Strips a one-line answer; of a multi-line one (code) only the blank
+    lines around it, so that indentation survives."""
+    if "\n" not in answer.strip():
+        return answer.strip()
+    lines = answer.rstrip().split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "\n".join(lines)
 
 
 def _parse_hermes_call(raw: str) -> ParsedTurn:

@@ -82,6 +82,21 @@ def test_humaneval_program_layout():
     assert build_program("    return x + 1\n", entry).startswith("def f(x):\n    return x + 1")
     assert build_program("def f(x):\n    return 2\n", entry).startswith("def f(x):\n    return 2")
     assert build_program("x", entry).endswith("check(f)\n")
+    assert build_program("return x + 1", entry).startswith("def f(x):\n    return x + 1")
+
+
+@needs_sandbox
+def test_humaneval_episode_with_tool_env():
+    problems = {p["task_id"]: p for p in load_problems()}
+    task = HumanEvalTask(["HumanEval/4"])
+    rec = task.records()[0]
+    env = ToolEnv(task, EpisodeConfig(max_turns=3))
+    assert "def mean_absolute_deviation" in env.reset(rec)
+    step = env.step("<python>print(sum([1.0, 2.0]) / 2)</python>")
+    assert step.observation_text == "1.5"
+    body = problems["HumanEval/4"]["canonical_solution"]
+    final = env.step(f"<answer>\n{body}</answer>")
+    assert final.done and final.reward == 1.0 and final.info["tool_calls"] == 1
 
 
 @needs_sandbox

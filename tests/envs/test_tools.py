@@ -17,6 +17,8 @@ def test_tags_format():
     turn = tools.parse_turn("<python>x</python><answer> 42 </answer>", "tags")
     assert turn.answer == "42" and turn.code is None          # an answer is final
     assert tools.parse_turn("no tags here<eos>", "tags") == tools.ParsedTurn()
+    body = tools.parse_turn("<answer>\n    x = 1\n    return x\n</answer>", "tags").answer
+    assert body == "    x = 1\n    return x"                     # code keeps its indentation
 
 
 def test_hermes_format():
