@@ -121,12 +121,19 @@ def read_gguf(path: str) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, state
 
 
+def _f32(v) -> float:
+    """GGUF stores floats as float32: 1e-5 reads 9.99999974e-06; take the
+    shortest decimal that rounds to the same float32 (1e-05)."""
+    return float(str(np.float32(v)))
+
+
 def hf_config_from_gguf(meta: Mapping) -> dict:
     """A HF ``LlamaForCausalLM`` config dict from GGUF metadata."""
     d = int(meta["llama.embedding_length"])
     n_heads = int(meta["llama.attention.head_count"])
     vocab = meta.get("llama.vocab_size") or len(meta["tokenizer.ggml.tokens"])
-    head_dim = int(meta.get("llama.rope.dimension_count", d // n_heads))
+    head_dim = int(meta.get("llama.attention.key_length")
+                   or meta.get("llama.rope.dimension_count") or d // n_heads)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -137,8 +144,8 @@ def hf_config_from_gguf(meta: Mapping) -> dict:
         "num_attention_heads": n_heads,
         "num_key_value_heads": int(meta.get("llama.attention.head_count_kv", n_heads)),
         "head_dim": head_dim,
-        "rms_norm_eps": float(meta["llama.attention.layer_norm_rms_epsilon"]),
-        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
+        "rms_norm_eps": _f32(meta["llama.attention.layer_norm_rms_epsilon"]),
+        "rope_theta": _f32(meta.get("llama.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(meta.get("llama.context_length", 2048)),
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
@@ -160,7 +167,7 @@ def tokenizer_from_gguf(meta: Mapping, *, vocab_size: int | None = None) -> HFTo
         raise ValueError(f"GGUF tokenizer model {kind!r}: only byte-level BPE ('gpt2')")
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
     tok = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(tokens)}, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
@@ -202,3 +209,86 @@ def find_smollm2_gguf() -> str:
         if found:
             return found[0]
     raise FileNotFoundError(f"no .gguf file inside {SMOLLM2_PACKAGE}; {hint}")
+
+
+def _tokenizer_fields(tokenizer, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) of a SAO tokenizer, padded to ``vocab_size``."""
+    import json
+
+    from sao.models.tokenizer import ByteTokenizer
+
+    tok = tokenizer.to_tokenizers() if isinstance(tokenizer, ByteTokenizer) else tokenizer.tok
+    model = json.loads(tok.to_str())["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"only BPE tokenizers can be written to GGUF, got {model.get('type')}")
+    n = tok.get_vocab_size(with_added_tokens=True)
+    if n > vocab_size:
+        raise ValueError(f"tokenizer has {n} tokens > vocab_size {vocab_size}")
+    tokens = [tok.id_to_token(i) for i in range(n)]
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    types = [_CONTROL if i in special else 1 for i in range(n)]
+    tokens += [f"<unused{i}>" for i in range(vocab_size - n)]
+    types += [5] * (vocab_size - n)  # llama.cpp UNUSED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    return tokens, types, merges
+
+
+def write_gguf(model, cfg, path: str, tokenizer) -> None:
+    """Writes a Llama ``model`` (``cfg.arch == "llama"``) as a float32 GGUF file.
+
+    q/k rows are permuted to llama.cpp's interleaved RoPE layout and GGUF
+    tensor names are used, so llama.cpp-compatible readers (and
+    :func:`read_gguf`) load it; the tokenizer (byte-level or HF BPE) is
+    stored as ``gpt2`` vocab + merges. Raises ValueError for other
+    architectures or tokenizers.
+    """
+    import gguf
+
+    from sao.models import hf
+
+    if cfg.arch != "llama":
+        raise ValueError(f"GGUF export supports arch 'llama' only, got {cfg.arch!r}")
+    hf_cfg = hf.config_to_hf(cfg)
+    state = hf.params_to_hf(cfg, hf.model_params(model))
+    to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
+    layer_to_gguf = {v: k for k, v in _LAYER_NAMES.items()}
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name("sao-export")
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(float(hf_cfg["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_file_type(0)  # all float32
+    tokens, types, merges = _tokenizer_fields(tokenizer, cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")  # digits split individually, then GPT-2 byte level
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokenizer.bos_id)
+    w.add_eos_token_id(tokenizer.eos_id)
+    w.add_pad_token_id(tokenizer.pad_id)
+    w.add_add_bos_token(False)
+    if getattr(tokenizer, "chat_template", None):
+        w.add_chat_template(tokenizer.chat_template)
+    for name, arr in state.items():
+        arr = np.asarray(arr, dtype=np.float32)
+        if name in to_gguf:
+            w.add_tensor(to_gguf[name], arr)
+            continue
+        i, suffix = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name).groups()
+        if suffix == "self_attn.q_proj.weight":
+            arr = permute_rope_rows(arr, cfg.num_heads)
+        elif suffix == "self_attn.k_proj.weight":
+            arr = permute_rope_rows(arr, cfg.num_kv_heads)
+        w.add_tensor(f"blk.{i}.{layer_to_gguf[suffix]}", np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
