@@ -1,0 +1,294 @@
+"""Checkpoints (orbax) and publishing weights to the rollout fleet.
+
+Two kinds of checkpoint live in two directories:
+
+* **Training checkpoints** (`Checkpointer`, an ``orbax.checkpoint``
+  ``CheckpointManager``): actor and critic `TrainState` (parameters, optimiser
+  states, update counters), and one JSON item with the learner step, policy
+  version, RNG key data, the prompt iterator's state (grain's JSON state) and
+  the scalar fields of any buffered-but-untrained trajectories, whose arrays
+  are a third item (concatenated numpy arrays plus offsets). Saves are async
+  and keep the newest ``max_to_keep``. Orbax writes each step into a temporary
+  directory and renames it when complete, so a process killed mid-save leaves
+  only complete steps visible to `Checkpointer.latest_step`. Restore takes
+  abstract targets carrying shardings (`abstract_state`), so it can land on a
+  different mesh than the one that saved.
+* **Publish checkpoints** (`publish`, `latest_published`): parameters only, as
+  the ``nnx.State`` of the model's ``nnx.Param`` (what
+  ``sao.rollout.JaxEngine.load_weights`` reads with
+  ``ocp.StandardCheckpointer``), optionally plus an HF safetensors export. A
+  version is written into a temporary directory, renamed to ``v{version}``,
+  and only then is the ``LATEST`` marker replaced atomically (``os.replace``):
+  a reader that goes through `latest_published` never sees a partial one.
+
+Resume order: see docs/learner.md.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from sao.types import Trajectory
+
+LATEST_MARKER = "LATEST"
+_BUFFER_ARRAYS = ("tokens", "action_mask", "rollout_logprobs", "policy_version")
+
+
+def abstract_state(tree, shardings=None):
+    """``jax.ShapeDtypeStruct`` for each leaf, with ``shardings`` (a matching
+    tree, e.g. from ``sao.learner.create_state``) or the leaves' own sharding:
+    the restore target. Use shardings of another mesh to reshard on restore."""
+    if shardings is None:
+        return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        tree, shardings)
+
+
+def _buffer_to_items(buffer: list[Trajectory]) -> tuple[dict[str, np.ndarray], list[dict]]:
+    lengths = [t.length for t in buffer]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    arrays = {}
+    for name in _BUFFER_ARRAYS:
+        parts = [np.asarray(getattr(t, name)) for t in buffer]
+        dtype = {"tokens": np.int32, "action_mask": np.int8,
+                 "rollout_logprobs": np.float32, "policy_version": np.int32}[name]
+        flat = np.concatenate(parts).astype(dtype) if parts else np.zeros((0,), dtype)
+        # One trailing element: orbax does not store zero-size arrays.
+        arrays[name] = np.concatenate([flat, np.zeros((1,), dtype)])
+    arrays["offsets"] = offsets
+    scalars = [dict(reward=t.reward, finish=t.finish, prompt_id=t.prompt_id,
+                    trajectory_id=t.trajectory_id, metadata=t.metadata, timings=t.timings)
+               for t in buffer]
+    return arrays, scalars
+
+
+def _buffer_from_items(arrays: dict[str, np.ndarray], scalars: list[dict]) -> list[Trajectory]:
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    off = arrays["offsets"]
+    out = []
+    for i, s in enumerate(scalars):
+        a, b = int(off[i]), int(off[i + 1])
+        out.append(Trajectory(tokens=arrays["tokens"][a:b],
+                              action_mask=arrays["action_mask"][a:b].astype(bool),
+                              rollout_logprobs=arrays["rollout_logprobs"][a:b],
+                              policy_version=arrays["policy_version"][a:b], **s))
+    return out
+
+
+def _encode_data_state(state: Any) -> Any:
+    if isinstance(state, bytes):
+        return {"__bytes__": base64.b64encode(state).decode("ascii")}
+    return state
+
+
+def _decode_data_state(state: Any) -> Any:
+    if isinstance(state, dict) and set(state) == {"__bytes__"}:
+        return base64.b64decode(state["__bytes__"])
+    return state
+
+
+@dataclasses.dataclass
+class Restored:
+    """What `Checkpointer.restore` returns (see `Checkpointer.save`)."""
+
+    step: int
+    actor: Any
+    critic: Any
+    rng: np.ndarray | None
+    policy_version: int
+    data_state: Any
+    buffer: list[Trajectory]
+    extra: dict
+
+
+class Checkpointer:
+    """Training checkpoints in ``directory`` (one orbax step per learner step).
+
+    Args:
+      directory: created if missing.
+      max_to_keep: newest complete steps kept.
+      async_save: save in a background thread (call `wait` before reading).
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def save(self, step: int, *, actor, critic=None, rng=None, policy_version: int = 0,
+             data_state: Any = None, buffer: list[Trajectory] = (),
+             extra: dict | None = None, force: bool = False) -> bool:
+        """Starts saving ``step`` (returns once arrays are copied off device).
+
+        Args:
+          step: learner step (the orbax step number).
+          actor, critic: `TrainState` pytrees (critic may be None).
+          rng: a JAX PRNG key (typed or raw uint32) or None.
+          policy_version: version of the actor parameters.
+          data_state: prompt iterator state: JSON-serialisable or bytes.
+          buffer: trajectories received but not trained on yet.
+          extra: any other JSON-serialisable facts.
+        Returns:
+          True if a save was started.
+        Raises:
+          ValueError: ``data_state`` / ``extra`` not JSON-serialisable.
+        """
+        rng_data = None
+        if rng is not None:
+            key = rng
+            if jax.dtypes.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key):
+                key = jax.random.key_data(key)
+            rng_data = np.asarray(jax.device_get(key)).astype(np.uint32)
+        arrays, scalars = _buffer_to_items(list(buffer))
+        meta = {"step": int(step), "policy_version": int(policy_version),
+                "rng": None if rng_data is None else rng_data.tolist(),
+                "data_state": _encode_data_state(data_state), "buffer": scalars,
+                "has_critic": critic is not None, "extra": extra or {}}
+        try:
+            json.dumps(meta)
+        except TypeError as e:
+            raise ValueError(f"checkpoint metadata is not JSON-serialisable: {e}") from e
+        items = {"actor": ocp.args.StandardSave(actor), "meta": ocp.args.JsonSave(meta),
+                 "buffer": ocp.args.StandardSave(arrays)}
+        if critic is not None:
+            items["critic"] = ocp.args.StandardSave(critic)
+        return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
+
+    def wait(self) -> None:
+        """Blocks until pending async saves are complete on disk."""
+        self._manager.wait_until_finished()
+
+    def latest_step(self) -> int | None:
+        """Newest complete step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def restore(self, step: int | None = None, *, actor_target, critic_target=None) -> Restored:
+        """Restores ``step`` (default: the latest complete one).
+
+        Args:
+          actor_target, critic_target: abstract `TrainState` trees
+            (`abstract_state`), whose shardings decide the placement.
+        Raises:
+          FileNotFoundError: no complete checkpoint.
+          ValueError: the checkpoint has a critic but no ``critic_target`` was
+            given, or the reverse.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+        meta = self._manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"]
+        if meta["has_critic"] != (critic_target is not None):
+            raise ValueError(f"checkpoint {step} has_critic={meta['has_critic']} but "
+                             f"critic_target is {'missing' if critic_target is None else 'given'}")
+        items = {"actor": ocp.args.StandardRestore(actor_target),
+                 "buffer": ocp.args.StandardRestore()}
+        if critic_target is not None:
+            items["critic"] = ocp.args.StandardRestore(critic_target)
+        out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        rng = None if meta["rng"] is None else np.asarray(meta["rng"], np.uint32)
+        return Restored(step=int(meta["step"]), actor=out["actor"],
+                        critic=out["critic"] if critic_target is not None else None,
+                        rng=rng, policy_version=int(meta["policy_version"]),
+                        data_state=_decode_data_state(meta["data_state"]),
+                        buffer=_buffer_from_items(out["buffer"], meta["buffer"]),
+                        extra=meta["extra"])
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager."""
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# --------------------------------------------------------------------------
+# Publishing parameters for the fleet.
+
+
+def _version_dir(directory: str, version: int) -> str:
+    return os.path.join(directory, f"v{int(version):010d}")
+
+
+def publish(directory: str, version: int, params, *, hf_export=None, keep: int = 3) -> str:
+    """Writes a params-only checkpoint of ``version`` and marks it latest.
+
+    Args:
+      directory: publish root (created).
+      version: policy version (must be newer than the current latest).
+      params: ``nnx.State`` of the model's ``nnx.Param`` (e.g.
+        ``nnx.state(model, nnx.Param)`` or ``ModelDef.param_state(params)``).
+      hf_export: optional ``callable(path)`` writing an HF export into
+        ``path`` (e.g. ``lambda p: sao.models.save_pretrained(model, cfg, p)``);
+        it lands in ``<uri>/hf``.
+      keep: published versions kept (older ones are deleted after the marker
+        moves; readers should load within ``keep`` publishes).
+    Returns:
+      The uri (directory) of the orbax params checkpoint, ``<version dir>/params``.
+    Raises:
+      ValueError: ``version`` is not newer than the latest published one.
+    """
+    directory = os.path.abspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    latest = latest_published(directory)
+    if latest is not None and version <= latest[0]:
+        raise ValueError(f"version {version} is not newer than published {latest[0]}")
+    tmp = os.path.join(directory, f".tmp-{int(version)}-{uuid.uuid4().hex}")
+    os.makedirs(tmp)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(tmp, "params"), params)
+    if hf_export is not None:
+        hf_export(os.path.join(tmp, "hf"))
+    final = _version_dir(directory, version)
+    os.rename(tmp, final)
+    marker_tmp = os.path.join(directory, f".{LATEST_MARKER}.{uuid.uuid4().hex}")
+    with open(marker_tmp, "w", encoding="utf-8") as f:
+        json.dump({"version": int(version), "path": os.path.basename(final)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(marker_tmp, os.path.join(directory, LATEST_MARKER))
+    _prune(directory, keep)
+    return os.path.join(final, "params")
+
+
+def _prune(directory: str, keep: int) -> None:
+    versions = sorted(d for d in os.listdir(directory) if d.startswith("v") and d[1:].isdigit())
+    for d in versions[:-keep] if keep > 0 else []:
+        shutil.rmtree(os.path.join(directory, d), ignore_errors=True)
+    # Temporaries left by a crashed publish (publishes are serial per learner).
+    for d in os.listdir(directory):
+        if d.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(directory, d), ignore_errors=True)
+
+
+def latest_published(directory: str) -> tuple[int, str] | None:
+    """``(version, uri)`` of the newest complete publish, or None if none.
+
+    ``uri`` is the orbax params directory to pass to ``Engine.load_weights``;
+    ``<uri>/../hf`` holds the HF export when one was requested.
+    """
+    try:
+        with open(os.path.join(directory, LATEST_MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+    except FileNotFoundError:
+        return None
+    path = os.path.join(os.path.abspath(directory), marker["path"], "params")
+    return int(marker["version"]), path

@@ -1,0 +1,155 @@
+"""`LearnerConfig`: every learner knob, validated once at the boundary.
+
+Kernels in `sao.algo` take explicit scalars; the learner reads this frozen
+dataclass and passes them on. Build it from an ``ml_collections.ConfigDict``
+with `LearnerConfig.from_config` (an unknown or misspelt key is an error, a
+missing key keeps its default). Defaults follow ALGORITHM.md (SAO, math/tool
+band); fields marked **[ours]** are project choices.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+TRUNCATION_POLICIES = ("terminal", "drop")
+SCHEDULES = ("constant", "cosine", "linear")
+ADVANTAGE_ESTIMATORS = ("gae", "grpo")
+SHARD_CHECK_MODES = ("off", "warn", "raise")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """Learner hyper-parameters (ALGORITHM.md §3-§7).
+
+    Attributes are grouped by subsystem; each comment gives units and source.
+    """
+
+    # --- batch shapes -----------------------------------------------------
+    batch_size: int = 8                 # B trajectories per learner step (paper 128); padded with zero-weight rows
+    length_buckets: tuple[int, ...] = (128, 256, 512, 1024)  # allowed padded T; one compile per bucket
+    micro_batch_size: int = 0           # rows per gradient-accumulation micro-batch; 0 = whole batch at once
+    pad_id: int = 256                   # token id written into padding (byte tokenizer <pad>)
+
+    # --- advantages (§3) --------------------------------------------------
+    advantage_estimator: str = "gae"    # "gae" (SAO/VAPO: critic + skip-obs GAE) or "grpo" (group-normalised, no critic)
+    gamma: float = 1.0                  # discount per action-token step [ours: paper silent]
+    alpha: float = 1.5                  # length-adaptive λ_policy = 1 - 1/(alpha*l), VAPO
+    lam_policy: float = -1.0            # fixed actor λ in [0, 1]; -1 = length-adaptive (default)
+    lam_critic: float = 1.0             # λ for critic targets (1 = Monte-Carlo returns)
+    whiten_advantages: bool = False     # batch whitening of advantages over action tokens [ours: off]
+    truncation: str = "terminal"        # finish="length": "terminal" (V=0 after it, env reward) or "drop" (no policy loss) [ours]
+
+    # --- policy loss (§4) -------------------------------------------------
+    policy_loss: str = "sao_dis"        # sao.algo registry name, e.g. "sao_dis", "ppo_clip"
+    eps_low: float = 0.3                # ratio band lower: 1 - eps_low (math/tool 0.3, coding 0.8, PPO 0.2)
+    eps_high: float = 5.0               # ratio band upper: 1 + eps_high (math/tool 5.0, coding 3.0, PPO 0.28)
+    loss_agg_mode: str = "token-mean"   # sao.algo aggregate mode; normaliser over the global batch
+    temperature: float = 1.0            # rollout sampling temperature; log π_θ uses logits / temperature
+    kl_coef: float = 0.0                # weight of KL(π_θ || π_ref) in the actor loss; 0 = off (SAO)
+    kl_estimator: str = "k3"            # "k1" | "k2" | "k3"
+    entropy_coef: float = 0.0           # weight of an entropy bonus; 0 = off (SAO)
+
+    # --- critic (§5) ------------------------------------------------------
+    critic_steps: int = 2               # K critic updates per policy update (paper 2)
+    critic_warmup_steps: int = 10       # first N learner steps update only the critic (paper 10)
+    value_clip: float = 0.0             # PPO-style value clipping range; 0 = off
+    critic_freeze_regex: str = r"^layers/\d+/attn/"  # critic params matching are frozen (paper: attention)
+    value_pretrain_ev: float = 0.8      # value pretraining stops when explained variance reaches this
+    value_pretrain_steps: int = 100     # ... or after this many critic steps
+
+    # --- optimisers -------------------------------------------------------
+    actor_lr: float = 1e-6              # peak learning rate of the actor (paper 1e-6)
+    critic_lr: float = 5e-6             # peak learning rate of the critic (paper 5e-6)
+    actor_schedule: str = "constant"    # "constant" | "cosine" | "linear" (decay to 0 over decay_steps)
+    critic_schedule: str = "constant"   # same choices for the critic
+    lr_warmup_steps: int = 0            # linear LR warm-up, in optimiser updates
+    lr_decay_steps: int = 1000          # length of cosine/linear decay after warm-up, in updates
+    max_grad_norm: float = 1.0          # clip by global norm over trainable params; 0 = no clipping
+    weight_decay: float = 0.0           # AdamW decay (not on norms, biases, embeddings)
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    actor_freeze_regex: str = ""        # actor params matching are frozen; "" = none
+
+    # --- guards & determinism ----------------------------------------------
+    shard_check: str = "warn"           # params >= shard_check_min_size replicated on a multi-device mesh: "off"|"warn"|"raise"
+    shard_check_min_size: int = 2 ** 20  # elements
+    deterministic: bool = True          # bit-reproducible steps (fixed reduction order; no randomness in the update)
+    seed: int = 0                       # RNG seed saved with checkpoints
+
+    def __post_init__(self):
+        def need(cond, msg):
+            if not cond:
+                raise ValueError(f"LearnerConfig: {msg}")
+
+        need(self.batch_size > 0, f"batch_size must be > 0, got {self.batch_size}")
+        need(len(self.length_buckets) > 0 and all(int(b) > 1 for b in self.length_buckets),
+             f"length_buckets must be non-empty lengths > 1, got {self.length_buckets}")
+        object.__setattr__(self, "length_buckets",
+                           tuple(sorted(int(b) for b in self.length_buckets)))
+        need(self.micro_batch_size >= 0, "micro_batch_size must be >= 0")
+        if self.micro_batch_size:
+            need(self.batch_size % self.micro_batch_size == 0,
+                 f"micro_batch_size {self.micro_batch_size} must divide batch_size {self.batch_size}")
+        need(self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+             f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
+        need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
+        need(self.alpha > 0, f"alpha must be > 0, got {self.alpha}")
+        need(self.lam_policy == -1.0 or 0.0 <= self.lam_policy <= 1.0,
+             f"lam_policy must be -1 (adaptive) or in [0, 1], got {self.lam_policy}")
+        need(0.0 <= self.lam_critic <= 1.0, f"lam_critic must be in [0, 1], got {self.lam_critic}")
+        need(self.truncation in TRUNCATION_POLICIES,
+             f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
+        need(0.0 < self.eps_low <= 1.0, f"eps_low must be in (0, 1], got {self.eps_low}")
+        need(self.eps_high > 0.0, f"eps_high must be > 0, got {self.eps_high}")
+        need(self.temperature > 0.0, f"temperature must be > 0, got {self.temperature}")
+        need(self.kl_coef >= 0.0 and self.entropy_coef >= 0.0, "kl_coef and entropy_coef must be >= 0")
+        need(self.kl_estimator in ("k1", "k2", "k3"), f"kl_estimator must be k1|k2|k3, got {self.kl_estimator!r}")
+        need(self.critic_steps >= 0, "critic_steps must be >= 0")
+        need(self.critic_warmup_steps >= 0, "critic_warmup_steps must be >= 0")
+        need(self.value_clip >= 0.0, "value_clip must be >= 0 (0 = off)")
+        need(self.value_pretrain_steps >= 0, "value_pretrain_steps must be >= 0")
+        for name in ("actor_lr", "critic_lr"):
+            need(getattr(self, name) >= 0.0, f"{name} must be >= 0")
+        for name in ("actor_schedule", "critic_schedule"):
+            need(getattr(self, name) in SCHEDULES, f"{name} must be one of {SCHEDULES}")
+        need(self.lr_warmup_steps >= 0 and self.lr_decay_steps > 0,
+             "lr_warmup_steps must be >= 0 and lr_decay_steps > 0")
+        need(self.max_grad_norm >= 0.0, "max_grad_norm must be >= 0 (0 = off)")
+        need(self.weight_decay >= 0.0, "weight_decay must be >= 0")
+        need(self.shard_check in SHARD_CHECK_MODES, f"shard_check must be one of {SHARD_CHECK_MODES}")
+        if self.advantage_estimator == "gae":
+            need(self.critic_steps > 0 or self.critic_warmup_steps == 0,
+                 "critic warm-up needs critic_steps > 0")
+        import re
+        for name in ("critic_freeze_regex", "actor_freeze_regex"):
+            try:
+                re.compile(getattr(self, name))
+            except re.error as e:
+                raise ValueError(f"LearnerConfig: {name} is not a valid regex: {e}") from e
+
+    @property
+    def uses_critic(self) -> bool:
+        """True when advantages come from the critic (GAE)."""
+        return self.advantage_estimator == "gae"
+
+    @classmethod
+    def from_config(cls, cd: Mapping[str, Any] | Any) -> "LearnerConfig":
+        """Builds and validates from an ``ml_collections.ConfigDict`` (or dict).
+
+        Raises:
+          ValueError: an unknown key (listing the valid ones) or an invalid value.
+        """
+        items = dict(cd.items()) if hasattr(cd, "items") else dict(cd)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(items) - names)
+        if unknown:
+            raise ValueError(f"LearnerConfig: unknown keys {unknown}; valid keys: {sorted(names)}")
+        if "length_buckets" in items:
+            items["length_buckets"] = tuple(items["length_buckets"])
+        return cls(**items)
+
+    def replace(self, **changes: Any) -> "LearnerConfig":
+        """A validated copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
