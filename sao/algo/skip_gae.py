@@ -1,0 +1,218 @@
+"""Skip-observation GAE (ALGORITHM.md §3, paper Eq. 4-5).
+
+GAE runs over the subsequence of action tokens only: from the last token of an
+action span the recursion jumps to the first token of the next action span, so
+an observation span of any length is one step::
+
+    delta_t = r_t + gamma * V(next_action(t)) - V(t)
+    A_t     = delta_t + gamma * lam * A(next_action(t))
+    R_t     = A_t + V(t)                      (critic target)
+
+Prompt / observation positions (``action_mask == 0``) get advantage 0 and
+return 0. It is exactly classic GAE on the compacted action-token sequence.
+
+Reward placement **[ours]**: a reward sitting on a non-action position is
+moved onto the closest *preceding* action token (so tool-time or end-of-episode
+rewards are never lost). A reward before the first action token of its row
+(or in a row with no action token) cannot be credited to any action: it is
+ignored, and :func:`relocate_rewards` returns how many such rewards each row
+had so the caller can count them.
+
+Two implementations of the same recurrence, selected by ``method``:
+
+* ``"scan"``: reverse ``jax.lax.scan`` over time (O(T) sequential steps);
+* ``"associative"``: ``jax.lax.associative_scan`` over the affine recurrence
+  ``G_t = a_t * G_{t+1} + b_t`` (O(log T) depth).
+"""
+from __future__ import annotations
+
+import numbers
+
+import jax
+import jax.numpy as jnp
+
+from sao.algo.masked import as_f32, as_mask
+
+Array = jax.Array
+GAE_METHODS = ("scan", "associative")
+
+
+def _affine_combine(later, earlier):
+    """Composes affine maps for a reverse associative scan.
+
+    ``later = (a1, b1)`` is the map accumulated over higher t, ``earlier``
+    the map at the current t: result is ``x -> a2 * (a1 * x + b1) + b2``.
+    """
+    a1, b1 = later
+    a2, b2 = earlier
+    return a1 * a2, a2 * b1 + b2
+
+
+def _reverse_affine_scan(a: Array, b: Array) -> Array:
+    """Solves ``x_t = a_t * x_{t+1} + b_t`` with ``x_T = 0`` along axis 1."""
+    return jax.lax.associative_scan(_affine_combine, (a, b), reverse=True, axis=1)[1]
+
+
+def _check_inputs(rewards, values, action_mask, bootstrap_value):
+    shapes = {"rewards": jnp.shape(rewards), "values": jnp.shape(values),
+              "action_mask": jnp.shape(action_mask)}
+    if len(set(shapes.values())) != 1 or len(shapes["rewards"]) != 2:
+        raise ValueError(f"rewards, values, action_mask must share one [B, T] shape, got {shapes}")
+    batch = shapes["rewards"][0]
+    if bootstrap_value is not None and jnp.shape(bootstrap_value) != (batch,):
+        raise ValueError(f"bootstrap_value must be f32[B]=({batch},), got {jnp.shape(bootstrap_value)}")
+
+
+def _check_unit_interval(name, x):
+    if isinstance(x, numbers.Real) and not 0.0 <= float(x) <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")
+
+
+def _row_param(x, batch: int, name: str) -> Array:
+    """Scalar or f32[B] parameter as f32[B, 1]."""
+    x = as_f32(x)
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, (batch, 1))
+    if x.shape != (batch,):
+        raise ValueError(f"{name} must be a scalar or f32[B]=({batch},), got shape {x.shape}")
+    return x[:, None]
+
+
+def relocate_rewards(rewards, action_mask) -> tuple[Array, Array]:
+    """Moves every reward onto the closest action token at or before it.
+
+    Args:
+      rewards: f32/bf16[B, T] per-token rewards (usually one outcome reward on
+        the last action token).
+      action_mask: bool/int[B, T], true on policy-generated tokens.
+
+    Returns:
+      ``(relocated f32[B, T], num_unassigned i32[B])``: ``relocated`` is zero
+      off the action mask and, at action token t, holds ``r_t`` plus every
+      reward on the non-action positions between t and the next action token;
+      ``num_unassigned`` counts nonzero rewards that precede the row's first
+      action token (or sit in a row without action tokens) and are dropped.
+
+    Raises:
+      ValueError: if shapes differ or are not 2-D.
+    """
+    _check_inputs(rewards, rewards, action_mask, None)
+    r = as_f32(rewards)
+    m = as_mask(action_mask)
+    # P_t = r_t + (1 - m_{t+1}) P_{t+1}: the reward run from t to the next action.
+    m_next = jnp.concatenate([m[:, 1:], jnp.ones_like(m[:, :1])], axis=1)
+    pending = _reverse_affine_scan(jnp.where(m_next, 0.0, 1.0), r)
+    before_first = jnp.cumsum(m, axis=1) == 0
+    num_unassigned = jnp.sum(before_first & (r != 0), axis=1).astype(jnp.int32)
+    return jnp.where(m, pending, 0.0), num_unassigned
+
+
+def _gae_associative(r, v, m, gamma, lam, bootstrap):
+    # Pass 1, one scan for two recurrences sharing the coefficient 1 - m_{t+1}
+    # (position T counts as an action token whose value is the bootstrap):
+    #   next_value_t = V(next action token after t)
+    #   pending_t    = r_t + rewards up to the next action token (relocation)
+    m_next = jnp.concatenate([m[:, 1:], jnp.ones_like(m[:, :1])], axis=1)
+    v_after = jnp.concatenate([jnp.where(m, v, 0.0)[:, 1:], bootstrap], axis=1)
+    a = jnp.where(m_next, 0.0, 1.0)
+    b_value = jnp.where(m_next, v_after, 0.0)
+    _, next_value, pending = jax.lax.associative_scan(
+        _affine_combine2, (a, b_value, r), reverse=True, axis=1)
+    # Pass 2: A_t = delta_t + gamma lam A_next on action tokens, carried over others.
+    delta = jnp.where(m, pending + gamma * next_value - v, 0.0)
+    decay = jnp.where(m, gamma * lam, 1.0)
+    return jnp.where(m, _reverse_affine_scan(decay, delta), 0.0)
+
+
+def _affine_combine2(later, earlier):
+    """:func:`_affine_combine` for two right-hand sides sharing one coefficient."""
+    a1, b1, c1 = later
+    a2, b2, c2 = earlier
+    return a1 * a2, a2 * b1 + b2, a2 * c1 + c2
+
+
+def _gae_scan(r, v, m, gamma, lam, bootstrap, unroll: int = 8):
+    gl = (gamma * lam)[:, 0]  # [B]
+    g = jnp.broadcast_to(gamma, (r.shape[0], 1))[:, 0]
+
+    def step(carry, xs):
+        adv_next, v_next, pending = carry
+        r_t, v_t, m_t = xs
+        r_eff = r_t + pending
+        adv = r_eff + g * v_next - v_t + gl * adv_next
+        carry = (jnp.where(m_t, adv, adv_next), jnp.where(m_t, v_t, v_next),
+                 jnp.where(m_t, 0.0, r_eff))
+        return carry, jnp.where(m_t, adv, 0.0)
+
+    init = (jnp.zeros_like(bootstrap[:, 0]), bootstrap[:, 0], jnp.zeros_like(bootstrap[:, 0]))
+    _, adv_t = jax.lax.scan(step, init, (r.T, jnp.where(m, v, 0.0).T, m.T),
+                            reverse=True, unroll=unroll)
+    return adv_t.T
+
+
+def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
+        method: str = "associative") -> tuple[Array, Array]:
+    """Skip-observation generalised advantage estimation (paper Eq. 4-5).
+
+    Args:
+      rewards: f32/bf16[B, T] per-token rewards; off-action rewards are moved
+        to the preceding action token (see module doc).
+      values: f32/bf16[B, T] critic values V(t) (only action positions are
+        read; others may hold anything, even NaN).
+      action_mask: bool/int[B, T], true on policy-generated tokens.
+      gamma: discount per action-token step, scalar in [0, 1].
+      lam: GAE lambda, scalar or f32[B] (e.g. :func:`length_adaptive_lambda`).
+      bootstrap_value: optional f32[B], V of the state after the last action
+        token for truncated rows; None means 0 everywhere (terminal).
+      method: ``"associative"`` (parallel, default) or ``"scan"``.
+
+    Returns:
+      ``(advantages, returns)``, both f32[B, T], zero off the action mask;
+      ``returns = advantages + values`` on action tokens (lam=1 gives
+      Monte-Carlo returns).
+
+    Raises:
+      ValueError: on shape mismatch, unknown ``method``, or a concrete
+        ``gamma`` / ``lam`` outside [0, 1].
+    """
+    if method not in GAE_METHODS:
+        raise ValueError(f"unknown GAE method {method!r}; valid: {GAE_METHODS}")
+    _check_inputs(rewards, values, action_mask, bootstrap_value)
+    _check_unit_interval("gamma", gamma)
+    _check_unit_interval("lam", lam)
+    r, v, m = as_f32(rewards), as_f32(values), as_mask(action_mask)
+    batch = r.shape[0]
+    gamma_b = _row_param(gamma, batch, "gamma")
+    lam_b = _row_param(lam, batch, "lam")
+    if bootstrap_value is None:
+        bootstrap = jnp.zeros((batch, 1), jnp.float32)
+    else:
+        bootstrap = as_f32(bootstrap_value)[:, None]
+    impl = _gae_scan if method == "scan" else _gae_associative
+    advantages = impl(r, v, m, gamma_b, lam_b, bootstrap)
+    returns = jnp.where(m, advantages + v, 0.0)
+    return advantages, returns
+
+
+def length_adaptive_lambda(action_mask, alpha: float = 1.5) -> Array:
+    """Length-adaptive GAE lambda (VAPO), ``lam = 1 - 1 / (alpha * l)``.
+
+    Args:
+      action_mask: bool/int[B, T]; ``l`` = number of action tokens per row
+        **[ours: l counts action tokens]**.
+      alpha: positive scale (paper 1.5).
+
+    Returns:
+      f32[B] in [0, 1). Rows with ``alpha * l <= 1`` (including ``l = 0``)
+      get 0 (one-step TD) rather than a negative or infinite lambda.
+
+    Raises:
+      ValueError: if ``action_mask`` is not 2-D or a concrete ``alpha <= 0``.
+    """
+    if jnp.ndim(action_mask) != 2:
+        raise ValueError(f"action_mask must be [B, T], got shape {jnp.shape(action_mask)}")
+    if isinstance(alpha, numbers.Real) and not float(alpha) > 0.0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    length = jnp.sum(as_mask(action_mask), axis=1).astype(jnp.float32)
+    scaled = as_f32(alpha) * length
+    return jnp.where(scaled > 1.0, 1.0 - 1.0 / jnp.maximum(scaled, 1.0), 0.0)
