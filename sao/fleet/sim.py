@@ -37,6 +37,7 @@ class SimulatedEngine(Engine):
         self.vocab_size = vocab_size
         self._version = version
         self.weight_uris: list[Any] = []
+        self.tokens_generated = 0  # over all requests, updated per chunk
 
     @property
     def version(self) -> int:
@@ -55,6 +56,7 @@ class SimulatedEngine(Engine):
             k = min(self.chunk_tokens, n - len(versions))
             await asyncio.sleep(k * self.seconds_per_token)
             versions.extend([self._version] * k)
+            self.tokens_generated += k
         return Completion(tokens=tokens, logprobs=logprobs, versions=versions,
                           finish_reason="length")
 
