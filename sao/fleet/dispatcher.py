@@ -130,6 +130,7 @@ class Dispatcher:
         self._attempts: collections.Counter[str] = collections.Counter()
         self._done: set[str] = set()
         self._buffer: collections.deque[Trajectory] = collections.deque()
+        self._buffer_checked_at: int | None = None
         self._version = config.initial_version
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
@@ -218,21 +219,23 @@ class Dispatcher:
             self._version, self._weights = int(version), (int(version), str(uri))
             links = list(self._live)
         results: dict[str, object] = {}
-        if links:
-            with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
-                futures = {pool.submit(link.update_weights, int(version), str(uri)): link
-                           for link in links}
-                for fut in concurrent.futures.as_completed(futures, timeout=timeout):
-                    link, r = futures[fut], fut.result()
-                    results[link.address] = r.version if r.ok else r.error
-                    if r.ok:
-                        with self._cv:
-                            self.metrics.worker(link.address).version = r.version
-                    else:
-                        link.reset()
-        with self._cv:  # only now may the next batch's prompts go out
-            self._awaiting_push = False
-            self._schedule()
+        try:
+            if links:
+                with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
+                    futures = {pool.submit(link.update_weights, int(version), str(uri)): link
+                               for link in links}
+                    for fut in concurrent.futures.as_completed(futures, timeout=timeout):
+                        link, r = futures[fut], fut.result()
+                        results[link.address] = r.version if r.ok else r.error
+                        if r.ok:
+                            with self._cv:
+                                self.metrics.worker(link.address).version = r.version
+                        else:
+                            link.reset()
+        finally:
+            with self._cv:  # only now may the next batch's prompts go out
+                self._awaiting_push = False
+                self._schedule()
         return results
 
     def snapshot(self) -> dict:
@@ -387,8 +390,11 @@ class Dispatcher:
         self._buffer.append(traj)
 
     def _drop_stale_buffered(self) -> None:
-        if not self._buffer:
+        # Arrivals are checked against the version current then; re-check the
+        # buffer only when the version has moved since the last pass.
+        if not self._buffer or self._buffer_checked_at == self._version:
             return
+        self._buffer_checked_at = self._version
         keep = collections.deque()
         for t in self._buffer:
             if staleness.is_stale(t, self._version, self.config.tau):
