@@ -26,6 +26,7 @@ Two implementations of the same recurrence, selected by ``method``:
 """
 from __future__ import annotations
 
+import functools
 import numbers
 
 import jax
@@ -97,8 +98,11 @@ def relocate_rewards(rewards, action_mask) -> tuple[Array, Array]:
       ValueError: if shapes differ or are not 2-D.
     """
     _check_inputs(rewards, rewards, action_mask, None)
-    r = as_f32(rewards)
-    m = as_mask(action_mask)
+    return _relocate_core(as_f32(rewards), as_mask(action_mask))
+
+
+@jax.jit
+def _relocate_core(r, m):
     # P_t = r_t + (1 - m_{t+1}) P_{t+1}: the reward run from t to the next action.
     m_next = jnp.concatenate([m[:, 1:], jnp.ones_like(m[:, :1])], axis=1)
     pending = _reverse_affine_scan(jnp.where(m_next, 0.0, 1.0), r)
@@ -188,10 +192,15 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
         bootstrap = jnp.zeros((batch, 1), jnp.float32)
     else:
         bootstrap = as_f32(bootstrap_value)[:, None]
+    return _gae_core(r, v, m, gamma_b, lam_b, bootstrap, method)
+
+
+@functools.partial(jax.jit, static_argnames="method")
+def _gae_core(r, v, m, gamma, lam, bootstrap, method):
+    # Jitted so that eager callers compile one program, not one per primitive.
     impl = _gae_scan if method == "scan" else _gae_associative
-    advantages = impl(r, v, m, gamma_b, lam_b, bootstrap)
-    returns = jnp.where(m, advantages + v, 0.0)
-    return advantages, returns
+    advantages = impl(r, v, m, gamma, lam, bootstrap)
+    return advantages, jnp.where(m, advantages + v, 0.0)
 
 
 def length_adaptive_lambda(action_mask, alpha: float = 1.5) -> Array:

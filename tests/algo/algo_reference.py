@@ -47,3 +47,66 @@ def classic_gae_loop(rewards, values, gamma, lam, bootstrap=0.0):
         next_v = values[t]
         adv[t] = next_a
     return adv
+
+
+def group_advantages_loop(rewards, group_ids, mode, eps=1e-6):
+    """GRPO ("std"), Dr.GRPO ("none") and RLOO ("rloo") one element at a time."""
+    out = np.zeros(len(rewards))
+    for i, (r, g) in enumerate(zip(rewards, group_ids)):
+        members = [float(rewards[j]) for j in range(len(rewards)) if group_ids[j] == g]
+        size = len(members)
+        mean = sum(members) / size
+        std = (sum((x - mean) ** 2 for x in members) / size) ** 0.5
+        if size == 1 or std < eps:
+            continue
+        if mode == "std":
+            out[i] = (r - mean) / (std + eps)
+        elif mode == "none":
+            out[i] = r - mean
+        else:
+            out[i] = r - (sum(members) - r) / (size - 1)
+    return out
+
+
+def running_mean_loop(batches, slots_per_batch, window, default=0.0):
+    """Per-slot running-mean baseline over successive batches, with Python lists."""
+    history: dict[int, list[float]] = {}
+    outs = []
+    for rewards, slots in zip(batches, slots_per_batch):
+        adv = []
+        for r, s in zip(rewards, slots):
+            past = history.get(int(s), [])[-window:]
+            adv.append(r - (sum(past) / len(past) if past else default))
+        for r, s in zip(rewards, slots):
+            history.setdefault(int(s), []).append(float(r))
+        outs.append(np.asarray(adv))
+    return outs
+
+
+def dis_loop(logprobs, rollout_logprobs, advantages, mask, eps_low, eps_high):
+    """Per-token DIS loss and its gradient w.r.t. logprobs."""
+    loss = np.zeros(logprobs.shape)
+    grad = np.zeros(logprobs.shape)
+    for idx in np.ndindex(*logprobs.shape):
+        if not mask[idx]:
+            continue
+        ratio = np.exp(float(logprobs[idx]) - float(rollout_logprobs[idx]))
+        weight = ratio if 1 - eps_low < ratio < 1 + eps_high else 0.0
+        loss[idx] = -weight * advantages[idx] * logprobs[idx]
+        grad[idx] = -weight * advantages[idx]
+    return loss, grad
+
+
+def ppo_loop(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, clip_c=None):
+    """Per-token PPO clip (clip-higher, optional dual clip)."""
+    loss = np.zeros(logprobs.shape)
+    for idx in np.ndindex(*logprobs.shape):
+        if not mask[idx]:
+            continue
+        ratio = np.exp(float(logprobs[idx]) - float(old_logprobs[idx]))
+        a = float(advantages[idx])
+        value = max(-a * ratio, -a * min(max(ratio, 1 - eps_low), 1 + eps_high))
+        if clip_c is not None and a < 0:
+            value = min(value, -a * clip_c)
+        loss[idx] = value
+    return loss
