@@ -3,8 +3,9 @@
 Two kinds of checkpoint live in two directories:
 
 * **Training checkpoints** (`Checkpointer`, an ``orbax.checkpoint``
-  ``CheckpointManager``): actor and critic `TrainState` (parameters, optimiser
-  states, update counters), and one JSON item with the learner step, policy
+  ``CheckpointManager``): the learner's state pytree (``sao.learner``
+  ``LearnerStates``: actor and critic parameters, optimiser states, update
+  counters, reference parameters, learner step), and one JSON item with the learner step, policy
   version, RNG key data, the prompt iterator's state (grain's JSON state) and
   the scalar fields of any buffered-but-untrained trajectories, whose arrays
   are a third item (concatenated numpy arrays plus offsets). Saves are async
@@ -101,8 +102,7 @@ class Restored:
     """What `Checkpointer.restore` returns (see `Checkpointer.save`)."""
 
     step: int
-    actor: Any
-    critic: Any
+    train_state: Any
     rng: np.ndarray | None
     policy_version: int
     data_state: Any
@@ -127,14 +127,14 @@ class Checkpointer:
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
-    def save(self, step: int, *, actor, critic=None, rng=None, policy_version: int = 0,
+    def save(self, step: int, *, train_state, rng=None, policy_version: int = 0,
              data_state: Any = None, buffer: list[Trajectory] = (),
              extra: dict | None = None, force: bool = False) -> bool:
         """Starts saving ``step`` (returns once arrays are copied off device).
 
         Args:
           step: learner step (the orbax step number).
-          actor, critic: `TrainState` pytrees (critic may be None).
+          train_state: the learner's state pytree (e.g. ``LearnerStates``).
           rng: a JAX PRNG key (typed or raw uint32) or None.
           policy_version: version of the actor parameters.
           data_state: prompt iterator state: JSON-serialisable or bytes.
@@ -155,15 +155,13 @@ class Checkpointer:
         meta = {"step": int(step), "policy_version": int(policy_version),
                 "rng": None if rng_data is None else rng_data.tolist(),
                 "data_state": _encode_data_state(data_state), "buffer": scalars,
-                "has_critic": critic is not None, "extra": extra or {}}
+                "extra": extra or {}}
         try:
             json.dumps(meta)
         except TypeError as e:
             raise ValueError(f"checkpoint metadata is not JSON-serialisable: {e}") from e
-        items = {"actor": ocp.args.StandardSave(actor), "meta": ocp.args.JsonSave(meta),
+        items = {"train": ocp.args.StandardSave(train_state), "meta": ocp.args.JsonSave(meta),
                  "buffer": ocp.args.StandardSave(arrays)}
-        if critic is not None:
-            items["critic"] = ocp.args.StandardSave(critic)
         return self._manager.save(int(step), args=ocp.args.Composite(**items), force=force)
 
     def wait(self) -> None:
@@ -177,34 +175,25 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def restore(self, step: int | None = None, *, actor_target, critic_target=None) -> Restored:
+    def restore(self, step: int | None = None, *, target) -> Restored:
         """Restores ``step`` (default: the latest complete one).
 
         Args:
-          actor_target, critic_target: abstract `TrainState` trees
-            (`abstract_state`), whose shardings decide the placement.
+          target: abstract state tree (`abstract_state`, or
+            ``Learner.abstract_states()``) whose shardings decide the placement;
+            its structure must match the saved one.
         Raises:
           FileNotFoundError: no complete checkpoint.
-          ValueError: the checkpoint has a critic but no ``critic_target`` was
-            given, or the reverse.
         """
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
         meta = self._manager.restore(step, args=ocp.args.Composite(
             meta=ocp.args.JsonRestore()))["meta"]
-        if meta["has_critic"] != (critic_target is not None):
-            raise ValueError(f"checkpoint {step} has_critic={meta['has_critic']} but "
-                             f"critic_target is {'missing' if critic_target is None else 'given'}")
-        items = {"actor": ocp.args.StandardRestore(actor_target),
-                 "buffer": ocp.args.StandardRestore()}
-        if critic_target is not None:
-            items["critic"] = ocp.args.StandardRestore(critic_target)
-        out = self._manager.restore(step, args=ocp.args.Composite(**items))
+        out = self._manager.restore(step, args=ocp.args.Composite(
+            train=ocp.args.StandardRestore(target), buffer=ocp.args.StandardRestore()))
         rng = None if meta["rng"] is None else np.asarray(meta["rng"], np.uint32)
-        return Restored(step=int(meta["step"]), actor=out["actor"],
-                        critic=out["critic"] if critic_target is not None else None,
-                        rng=rng, policy_version=int(meta["policy_version"]),
+        return Restored(step=int(meta["step"]), train_state=out["train"], rng=rng, policy_version=int(meta["policy_version"]),
                         data_state=_decode_data_state(meta["data_state"]),
                         buffer=_buffer_from_items(out["buffer"], meta["buffer"]),
                         extra=meta["extra"])

@@ -189,6 +189,7 @@ def create_state(model: nnx.Module | Callable[[], nnx.Module],
 
     abstract_state = jax.eval_shape(init, abs_params)
     shardings = state_sharding_tree(abstract_state, param_shardings, tx, mesh)
-    with jax.set_mesh(mesh):
-        state = jax.jit(init, out_shardings=shardings)(source)
+    # Not under jax.set_mesh: nnx.eval_shape inside a factory (e.g.
+    # ValueModel.from_policy) would read logical axis names as mesh axes.
+    state = jax.jit(init, out_shardings=shardings)(source)
     return model_def, state, shardings, tx

@@ -1,0 +1,224 @@
+"""`Learner`: actor and critic train states on one mesh, and their jitted steps.
+
+The `Learner` object holds what is static (config, mesh, model structure,
+optimisers, compiled steps); the arrays live in a `LearnerStates` pytree that
+is passed in and returned, so checkpointing is ``Checkpointer.save(...,
+train_state=states)``. Every jitted step has explicit in/out shardings and
+donates the state it replaces: after ``states, m = learner.sao_update(states,
+batch)`` the old ``states`` must not be used again.
+
+The algorithm-level functions (`sao_update`, `grpo_update`, `value_pretrain`)
+are in `sao.learner.update` and bound here as methods.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sao.learner import steps
+from sao.learner.batch import TrainBatch
+from sao.learner.config import LearnerConfig
+from sao.learner.guards import check_sharded
+from sao.learner.mesh import batch_sharding
+from sao.learner.state import (TrainState, create_state, make_optimizer, trainable_mask)
+from sao.models import ValueModel
+
+ModelOrFactory = nnx.Module | Callable[[], nnx.Module]
+
+
+@flax.struct.dataclass
+class LearnerStates:
+    """All learner arrays.
+
+    Attributes:
+      actor: policy `TrainState`; ``actor.step`` (updates applied) is the
+        policy version of ``actor.params``.
+      critic: critic `TrainState`, or None without a critic (GRPO).
+      ref_params: frozen reference policy params for the KL term, or None.
+      step: i32[] learner steps done (batches consumed, warm-up included).
+    """
+
+    actor: TrainState
+    critic: TrainState | None
+    ref_params: Any
+    step: jax.Array
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.actor.step)
+
+
+class Learner:
+    """Builds sharded states and compiled steps for one `LearnerConfig`.
+
+    Args:
+      cfg: validated learner config.
+      mesh: the learner mesh (`sao.learner.mesh.mesh_from_config`).
+      policy: a ``sao.models.Transformer`` or a factory returning one (a
+        factory materialises parameters directly with their sharding).
+      critic: a ``ValueModel`` / factory; default ``ValueModel.from_policy``
+        of the policy when ``cfg.uses_critic`` (None otherwise).
+    Raises:
+      ValueError: ``cfg.batch_size`` not divisible by the micro-batch size, or
+        (``shard_check="raise"``) large parameters left replicated.
+    """
+
+    def __init__(self, cfg: LearnerConfig, mesh: Mesh, policy: ModelOrFactory,
+                 critic: ModelOrFactory | None = None):
+        self.cfg, self.mesh = cfg, mesh
+        self.num_micro = cfg.batch_size // cfg.micro_batch_size if cfg.micro_batch_size else 1
+        self._rep = NamedSharding(mesh, PartitionSpec())
+        self._bs = batch_sharding(mesh, (cfg.batch_size,))
+
+        self.actor_def, actor, self.actor_shardings, self.actor_tx = create_state(
+            policy, functools.partial(
+                make_optimizer, lr=cfg.actor_lr, freeze_regex=cfg.actor_freeze_regex,
+                **self._opt_kwargs(cfg.actor_schedule)), mesh)
+        critic_state = None
+        self.critic_def = self.critic_tx = self.critic_shardings = None
+        if cfg.uses_critic:
+            if critic is None:
+                critic = (ValueModel.from_policy(policy) if isinstance(policy, nnx.Module)
+                          else (lambda: ValueModel.from_policy(policy())))
+            self.critic_def, critic_state, self.critic_shardings, self.critic_tx = create_state(
+                critic, functools.partial(
+                    make_optimizer, lr=cfg.critic_lr, freeze_regex=cfg.critic_freeze_regex,
+                    **self._opt_kwargs(cfg.critic_schedule)), mesh)
+        ref = None
+        if cfg.kl_coef > 0:
+            ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                          out_shardings=self.actor_shardings.params)(actor.params)
+        self._initial = LearnerStates(actor=actor, critic=critic_state, ref_params=ref,
+                                      step=jax.device_put(jnp.zeros((), jnp.int32), self._rep))
+        self.state_shardings = LearnerStates(
+            actor=self.actor_shardings, critic=self.critic_shardings,
+            ref_params=self.actor_shardings.params if ref is not None else None, step=self._rep)
+        for name, state in (("actor", actor), ("critic", critic_state)):
+            if state is not None:
+                check_sharded(state.params, mesh, min_size=cfg.shard_check_min_size,
+                              mode=cfg.shard_check, name=name)
+        self._build_steps()
+
+    def _opt_kwargs(self, schedule: str) -> dict:
+        c = self.cfg
+        return dict(schedule=schedule, warmup_steps=c.lr_warmup_steps,
+                    decay_steps=c.lr_decay_steps, max_grad_norm=c.max_grad_norm,
+                    weight_decay=c.weight_decay, b1=c.adam_b1, b2=c.adam_b2, eps=c.adam_eps)
+
+    def _build_steps(self):
+        c, bs, rep = self.cfg, self._bs, self._rep
+        actor_trainable = trainable_mask(self._initial.actor.params, c.actor_freeze_regex)
+        hp = {"eps_low": c.eps_low, "eps_high": c.eps_high}
+        self._actor_step = jax.jit(
+            functools.partial(
+                steps.actor_step, model_def=self.actor_def, tx=self.actor_tx,
+                trainable=actor_trainable, num_micro=self.num_micro, policy_loss=c.policy_loss,
+                hparams=hp, agg_mode=c.loss_agg_mode, temperature=c.temperature,
+                kl_coef=c.kl_coef, kl_estimator=c.kl_estimator, entropy_coef=c.entropy_coef),
+            in_shardings=(self.actor_shardings, self.state_shardings.ref_params, bs),
+            out_shardings=(self.actor_shardings, rep), donate_argnums=0)
+        self._actor_logprobs = jax.jit(
+            functools.partial(steps.actor_logprobs, self.actor_def, temperature=c.temperature),
+            in_shardings=(self.actor_shardings.params, bs), out_shardings=bs)
+        if self.critic_def is not None:
+            critic_trainable = trainable_mask(self._initial.critic.params, c.critic_freeze_regex)
+            self._critic_step = jax.jit(
+                functools.partial(steps.critic_step, model_def=self.critic_def,
+                                  tx=self.critic_tx, trainable=critic_trainable,
+                                  num_micro=self.num_micro, value_clip=c.value_clip),
+                in_shardings=(self.critic_shardings, bs),
+                out_shardings=(self.critic_shardings, rep), donate_argnums=0)
+            self._critic_values = jax.jit(
+                functools.partial(steps.critic_values, self.critic_def),
+                in_shardings=(self.critic_shardings.params, bs), out_shardings=bs)
+
+    # -- states ------------------------------------------------------------
+
+    def init_states(self) -> LearnerStates:
+        """The freshly created, sharded states (once: later steps donate them).
+
+        Raises:
+          RuntimeError: on a second call (restore a checkpoint instead).
+        """
+        if self._initial is None:
+            raise RuntimeError("init_states() was already called; restore from a checkpoint")
+        states, self._initial = self._initial, None
+        return states
+
+    def abstract_states(self, like: LearnerStates) -> LearnerStates:
+        """Shape/dtype/sharding tree of ``like`` placed on this learner's mesh:
+        the restore target for ``sao.ckpt.Checkpointer.restore``."""
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            like, self.state_shardings)
+
+    def put_batch(self, batch: TrainBatch) -> TrainBatch:
+        """Places a host `TrainBatch` on the mesh (rows sharded).
+
+        Raises:
+          ValueError: the batch has another B than ``cfg.batch_size``.
+        """
+        if batch.tokens.shape[0] != self.cfg.batch_size:
+            raise ValueError(f"batch has {batch.tokens.shape[0]} rows, learner expects "
+                             f"batch_size={self.cfg.batch_size}")
+        return jax.device_put(batch, self._bs)
+
+    # -- single steps (mesh-aware wrappers) -----------------------------------
+
+    def critic_values(self, states: LearnerStates, tokens) -> jax.Array:
+        """Critic values f32[B, T] for tokens i32[B, T]."""
+        with jax.set_mesh(self.mesh):
+            return self._critic_values(states.critic.params, tokens)
+
+    def actor_logprobs(self, states: LearnerStates, tokens) -> jax.Array:
+        """Policy log-probs f32[B, T] at ``cfg.temperature``."""
+        with jax.set_mesh(self.mesh):
+            return self._actor_logprobs(states.actor.params, tokens)
+
+    def critic_step(self, critic: TrainState, inputs: dict) -> tuple[TrainState, dict]:
+        """One critic update (`sao.learner.steps.critic_step`); donates ``critic``."""
+        with jax.set_mesh(self.mesh):
+            return self._critic_step(critic, inputs)
+
+    def actor_step(self, actor: TrainState, ref_params, inputs: dict) -> tuple[TrainState, dict]:
+        """One actor update (`sao.learner.steps.actor_step`); donates ``actor``."""
+        with jax.set_mesh(self.mesh):
+            return self._actor_step(actor, ref_params, inputs)
+
+    def compiled_sizes(self) -> dict[str, int]:
+        """Number of compiled variants per jitted step (recompile guard)."""
+        fns = {"actor_step": self._actor_step, "actor_logprobs": self._actor_logprobs}
+        if self.critic_def is not None:
+            fns.update(critic_step=self._critic_step, critic_values=self._critic_values)
+        return {k: f._cache_size() for k, f in fns.items()}
+
+    # -- algorithm ----------------------------------------------------------
+
+    def sao_update(self, states: LearnerStates, batch: TrainBatch):
+        """See `sao.learner.update.sao_update`."""
+        from sao.learner.update import sao_update
+        return sao_update(self, states, batch)
+
+    def grpo_update(self, states: LearnerStates, batch: TrainBatch):
+        """See `sao.learner.update.sao_update` (group advantages, no critic)."""
+        if self.cfg.uses_critic:
+            raise ValueError("grpo_update needs advantage_estimator='grpo'")
+        from sao.learner.update import sao_update
+        return sao_update(self, states, batch)
+
+    def value_pretrain(self, states: LearnerStates, batches, **kw):
+        """See `sao.learner.update.value_pretrain`."""
+        from sao.learner.update import value_pretrain
+        return value_pretrain(self, states, batches, **kw)
+
+
+def to_host(metrics: dict) -> dict[str, float]:
+    """Metrics dict of device scalars -> python floats."""
+    return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()}

@@ -1,0 +1,200 @@
+"""Loss-and-update steps for the actor and the critic (pure functions, jitted by
+`sao.learner.learner.Learner` with explicit shardings and buffer donation).
+
+Gradient accumulation: a batch of B rows is cut into ``num_micro``
+micro-batches (micro-batch j holds rows ``j, j + n, j + 2n, ...`` so each
+data-parallel shard contributes to every micro-batch); each micro-batch loss is
+aggregated with the *global* token / sequence counts, so the sum of micro-batch
+losses and gradients equals the whole-batch ones (up to float summation order).
+One optimiser update per call. Non-finite loss or gradient: the state is kept
+unchanged (`sao.learner.guards`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sao import algo
+from sao.learner.guards import finite_guard, select_tree
+from sao.learner.state import ModelDef, TrainState
+from sao.models import predict_values, token_logprobs, token_logprobs_and_entropy
+
+# Policy losses whose ratio is against the rollout engine's log-probs; every
+# other registry loss is taken against the learner's policy at the start of
+# the step (PPO / GSPO / TIS baselines).
+ROLLOUT_BEHAVIOUR_LOSSES = ("sao_dis",)
+# Registry losses that also take the engine's log-probs as a keyword (TIS/MIS).
+ROLLOUT_KWARG_LOSSES = ("grpo_tis", "grpo_mis")
+
+
+def micro_split(x: jax.Array, num_micro: int) -> jax.Array:
+    """``[B, ...] -> [num_micro, B // num_micro, ...]``, micro j = rows j::num_micro."""
+    b = x.shape[0]
+    return jnp.swapaxes(x.reshape((b // num_micro, num_micro) + x.shape[1:]), 0, 1)
+
+
+def _combine(a: dict, b: dict) -> dict:
+    return {"sum": jax.tree.map(jnp.add, a["sum"], b["sum"]),
+            "max": jax.tree.map(jnp.maximum, a["max"], b["max"])}
+
+
+def accumulate_grads(loss_fn: Callable, params, inputs: dict, num_micro: int):
+    """Sum over micro-batches of ``value_and_grad(loss_fn)``.
+
+    ``loss_fn(params, inputs) -> (loss f32[], {"sum": {...}, "max": {...}})``
+    must be additive over rows (losses aggregated with global counts).
+    Returns ``((loss, aux), grads)`` for the whole batch.
+    """
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if num_micro == 1:
+        return grad_fn(params, inputs)
+    micro = jax.tree.map(lambda x: micro_split(x, num_micro), inputs)
+    first = jax.tree.map(lambda x: x[0], micro)
+    shapes = jax.eval_shape(grad_fn, params, first)
+    init = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    init[0][1]["max"] = jax.tree.map(lambda s: jnp.full(s.shape, -jnp.inf, s.dtype),
+                                     shapes[0][1]["max"])
+
+    def body(carry, mb):
+        (c_loss, c_aux), c_grads = carry
+        (loss, aux), grads = grad_fn(params, mb)
+        return ((c_loss + loss, _combine(c_aux, aux)),
+                jax.tree.map(jnp.add, c_grads, grads)), None
+
+    out, _ = jax.lax.scan(body, init, micro)
+    return out
+
+
+def apply_update(state: TrainState, grads, loss, tx: optax.GradientTransformation,
+                 trainable) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update with the non-finite guard; frozen leaves (False in
+    the static ``trainable`` mask) are carried over untouched (bit-identical)."""
+    train_grads = jax.tree.map(lambda g, t: g if t else None, grads, trainable)
+    ok, metrics = finite_guard(loss, train_grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    stepped = optax.apply_updates(state.params, updates)
+    params = jax.tree.map(lambda new, old, t: new if t else old, stepped, state.params, trainable)
+    new = TrainState(params=params, opt_state=opt_state, step=state.step + 1)
+    metrics["grad_norm"] = optax.global_norm(
+        [g for g in jax.tree.leaves(train_grads) if g is not None])
+    return select_tree(ok, new, state), metrics
+
+
+def _finalise(aux: dict, count) -> dict[str, jax.Array]:
+    out = {k: v / jnp.maximum(count, 1.0) for k, v in aux["sum"].items()}
+    out.update(aux["max"])
+    return out
+
+
+def _diag_to_aux(diag: dict, count) -> dict:
+    """Masked-mean diagnostics of one micro-batch -> additive sums / maxima."""
+    aux = {"sum": {}, "max": {}}
+    for k, v in diag.items():
+        if k.startswith("max"):
+            aux["max"][k] = v
+        elif not k.startswith("num_"):  # counts are reported by the caller
+            aux["sum"][k] = v * count
+    return aux
+
+
+def critic_values(model_def: ModelDef, params, tokens: jax.Array) -> jax.Array:
+    """Critic values f32[B, T] (aligned as in architecture.md)."""
+    return predict_values(model_def.merge(params), tokens)
+
+
+def actor_logprobs(model_def: ModelDef, params, tokens: jax.Array, temperature) -> jax.Array:
+    """Policy log-probs f32[B, T] at the rollout temperature."""
+    return token_logprobs(model_def.merge(params), tokens, temperature=temperature)
+
+
+def critic_step(state: TrainState, inputs: dict, *, model_def: ModelDef, tx, trainable,
+                num_micro: int, value_clip: float):
+    """One critic update on ``0.5 (V - R)^2`` over action tokens (token mean).
+
+    Args:
+      state: critic `TrainState` (donated by the jitted wrapper).
+      inputs: ``tokens i32[B, T]``, ``action_mask bool[B, T]``, ``returns
+        f32[B, T]``, ``old_values f32[B, T]`` (for value clipping).
+    Returns:
+      ``(state, metrics)``: ``value_loss``, ``grad_norm``, skip flags,
+      ``value_clip_fraction``, ``value_mean``, ``return_mean``.
+    """
+    count = jnp.sum(inputs["action_mask"]).astype(jnp.float32)
+
+    def loss_fn(params, mb):
+        values = predict_values(model_def.merge(params), mb["tokens"])
+        per_tok, diag = algo.value_loss(values, mb["returns"], mb["action_mask"],
+                                        old_values=mb["old_values"] if value_clip else None,
+                                        clip_range=value_clip or None)
+        loss = algo.aggregate(per_tok, mb["action_mask"], "token-mean", global_token_count=count)
+        return loss, _diag_to_aux(diag, jnp.sum(mb["action_mask"]).astype(jnp.float32))
+
+    (loss, aux), grads = accumulate_grads(loss_fn, state.params, inputs, num_micro)
+    state, metrics = apply_update(state, grads, loss, tx, trainable)
+    metrics.update(_finalise(aux, count), value_loss=loss)
+    return state, metrics
+
+
+def actor_step(state: TrainState, ref_params, inputs: dict, *, model_def: ModelDef, tx,
+               trainable, num_micro: int, policy_loss: str, hparams: dict[str, Any],
+               agg_mode: str, temperature: float, kl_coef: float, kl_estimator: str,
+               entropy_coef: float):
+    """One actor update with a registry policy loss (ALGORITHM.md §4).
+
+    Args:
+      state: actor `TrainState` (donated by the jitted wrapper).
+      ref_params: reference policy params for the KL term, or None.
+      inputs: ``tokens``, ``policy_mask bool[B, T]`` (action tokens that enter
+        the policy loss), ``advantages f32[B, T]``, ``rollout_logprobs f32[B, T]``.
+      policy_loss: registry name; ``sao_dis`` takes the ratio against
+        ``rollout_logprobs``; other losses against the learner's policy at the
+        start of the step (one update per step, so this is ``sg(log pi_theta)``
+        from the same forward pass).
+    Returns:
+      ``(state, metrics)``: ``policy_loss``, ``loss``, ``grad_norm``,
+      ``entropy``, ``kl`` (when enabled), loss diagnostics (mask fractions,
+      ratio statistics), skip flags.
+    """
+    loss_fn_reg = algo.get_policy_loss(policy_loss)
+    mask_all = inputs["policy_mask"]
+    count = jnp.sum(mask_all).astype(jnp.float32)
+    seq_count = jnp.sum(jnp.any(mask_all, axis=1)).astype(jnp.float32)
+    agg = dict(global_token_count=count, global_seq_count=seq_count)
+
+    def loss_fn(params, mb):
+        mask = mb["policy_mask"]
+        logp, ent = token_logprobs_and_entropy(model_def.merge(params), mb["tokens"],
+                                               temperature=temperature)
+        if policy_loss in ROLLOUT_BEHAVIOUR_LOSSES:
+            behaviour = mb["rollout_logprobs"]
+        else:
+            behaviour = jax.lax.stop_gradient(logp)
+        kw = dict(hparams)
+        if policy_loss in ROLLOUT_KWARG_LOSSES:
+            kw["rollout_logprobs"] = mb["rollout_logprobs"]
+        per_tok, diag = loss_fn_reg(logp, behaviour, mb["advantages"], mask, **kw)
+        pg = algo.aggregate(per_tok, mask, agg_mode, **agg)
+        n = jnp.sum(mask).astype(jnp.float32)
+        ent_sum = jnp.sum(jnp.where(mask, ent, 0.0))
+        loss = pg
+        if entropy_coef:
+            loss = loss - entropy_coef * algo.aggregate(ent, mask, agg_mode, **agg)
+        aux = _diag_to_aux(diag, n)
+        aux["sum"]["entropy"] = jax.lax.stop_gradient(ent_sum)
+        aux["sum"]["policy_loss"] = jax.lax.stop_gradient(pg) * count
+        if ref_params is not None and kl_coef:
+            ref_lp = jax.lax.stop_gradient(
+                token_logprobs(model_def.merge(ref_params), mb["tokens"], temperature=temperature))
+            kl = algo.kl_penalty(logp, ref_lp, mask, kind=kl_estimator)
+            loss = loss + kl_coef * algo.aggregate(kl, mask, agg_mode, **agg)
+            aux["sum"]["kl"] = jax.lax.stop_gradient(jnp.sum(kl))
+        return loss, aux
+
+    (loss, aux), grads = accumulate_grads(loss_fn, state.params, inputs, num_micro)
+    state, metrics = apply_update(state, grads, loss, tx, trainable)
+    metrics.update(_finalise(aux, count), loss=loss, num_policy_tokens=count)
+    return state, metrics

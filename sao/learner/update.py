@@ -1,0 +1,194 @@
+"""The SAO update for one batch, the GRPO-style baseline update, and value
+pretraining (ALGORITHM.md §3-§5, §7).
+
+`sao_update` (``advantage_estimator="gae"``)::
+
+    V      = critic(batch)                                  values at action tokens
+    A      = skip-obs GAE(r, V, λ = 1 - 1/(α·l))            actor advantages (Eq. 4-5)
+    R      = skip-obs GAE(r, V, λ = λ_critic) + V           critic targets (λ_critic = 1: MC)
+    repeat K times: critic ← critic − ∇ 0.5 (V − R)²        on action tokens
+    if learner step >= warm-up: actor ← actor − ∇ L_DIS(A)  (policy loss from the registry)
+
+With ``advantage_estimator="grpo"`` there is no critic: ``A`` is the
+group-normalised outcome reward of each row's prompt group (rows sharing a
+``prompt_id``), broadcast onto its action tokens, and the actor step runs
+every time. Truncated rows (``finish="length"``) are terminal with the
+environment's reward by default; ``truncation="drop"`` removes them from the
+policy loss (the critic still fits them).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sao import algo
+from sao.learner.batch import TrainBatch
+from sao.learner.learner import Learner, LearnerStates, to_host
+
+
+def _staleness(batch: TrainBatch, mask, version):
+    lag = jnp.where(mask, version - batch.policy_version, 0).astype(jnp.float32)
+    return {"batch/staleness_mean": algo.masked_mean(lag, mask),
+            "batch/staleness_max": jnp.max(jnp.where(mask, lag, 0.0))}
+
+
+def _masks(batch: TrainBatch, drop_truncated: bool):
+    action = batch.action_mask & (batch.row_mask > 0)[:, None]
+    policy = action & ~batch.truncated[:, None] if drop_truncated else action
+    return action, policy
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "alpha", "lam_policy", "lam_critic",
+                                             "whiten", "drop_truncated"))
+def gae_targets(batch: TrainBatch, values, version, *, gamma: float, alpha: float,
+                lam_policy: float, lam_critic: float, whiten: bool, drop_truncated: bool):
+    """Advantages and critic targets from critic values.
+
+    Args:
+      batch: a placed `TrainBatch` ``[B, T]``.
+      values: f32[B, T] critic values (``sao.models.predict_values``).
+      version: i32[] learner policy version (for staleness).
+      lam_policy: fixed actor λ, or < 0 for length-adaptive ``1 - 1/(alpha l)``.
+    Returns:
+      dict with ``advantages``, ``returns`` (f32[B, T]), ``action_mask``,
+      ``policy_mask`` (bool[B, T]) and ``metrics``.
+    """
+    action, policy = _masks(batch, drop_truncated)
+    lam = algo.length_adaptive_lambda(action, alpha) if lam_policy < 0 else lam_policy
+    adv, _ = algo.gae(batch.rewards, values, action, gamma=gamma, lam=lam)
+    _, returns = algo.gae(batch.rewards, values, action, gamma=gamma, lam=lam_critic)
+    if whiten:
+        adv = algo.masked_whiten(adv, policy)
+    metrics = {"critic/explained_variance": algo.explained_variance(values, returns, action),
+               "batch/advantage_mean": algo.masked_mean(adv, policy),
+               "batch/return_mean": algo.masked_mean(returns, action),
+               "batch/num_action_tokens": jnp.sum(action).astype(jnp.float32),
+               "batch/num_rows": jnp.sum(batch.row_mask),
+               "batch/num_truncated": jnp.sum(batch.truncated & (batch.row_mask > 0)),
+               **_staleness(batch, action, version)}
+    return dict(advantages=adv, returns=returns, action_mask=action, policy_mask=policy,
+                metrics=metrics)
+
+
+@functools.partial(jax.jit, static_argnames=("whiten", "drop_truncated"))
+def group_targets(batch: TrainBatch, version, *, whiten: bool, drop_truncated: bool):
+    """GRPO advantages (``sao.algo.grpo_advantages`` over ``group_ids``)
+    broadcast onto action tokens; same outputs as `gae_targets` minus returns."""
+    action, policy = _masks(batch, drop_truncated)
+    seq = algo.grpo_advantages(jnp.sum(batch.rewards, axis=1), batch.group_ids)
+    adv = algo.broadcast_to_actions(seq, policy)
+    if whiten:
+        adv = algo.masked_whiten(adv, policy)
+    metrics = {"batch/advantage_mean": algo.masked_mean(adv, policy),
+               "batch/num_action_tokens": jnp.sum(action).astype(jnp.float32),
+               "batch/num_rows": jnp.sum(batch.row_mask),
+               **_staleness(batch, action, version)}
+    return dict(advantages=adv, action_mask=action, policy_mask=policy, metrics=metrics)
+
+
+def _prefixed(prefix: str, metrics: dict) -> dict:
+    return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+def sao_update(learner: Learner, states: LearnerStates,
+               batch: TrainBatch) -> tuple[LearnerStates, dict[str, float]]:
+    """One learner step on one batch (module doc). Donates ``states``.
+
+    Args:
+      learner: the `Learner` (config, mesh, compiled steps).
+      states: current `LearnerStates`.
+      batch: a host or placed `TrainBatch` with ``B = cfg.batch_size``.
+    Returns:
+      ``(new_states, metrics)``: python floats keyed ``batch/...``,
+      ``critic/...`` (last of the K critic steps), ``actor/...`` (absent
+      during critic warm-up), ``learner/step``, ``learner/policy_version``,
+      ``learner/actor_updated``.
+    """
+    cfg = learner.cfg
+    if isinstance(batch.tokens, np.ndarray):
+        batch = learner.put_batch(batch)
+    step = int(states.step)
+    version = states.actor.step
+    critic = states.critic
+    metrics: dict = {}
+    with jax.set_mesh(learner.mesh):
+        if cfg.uses_critic:
+            values = learner._critic_values(critic.params, batch.tokens)
+            t = gae_targets(batch, values, version, gamma=cfg.gamma, alpha=cfg.alpha,
+                            lam_policy=cfg.lam_policy, lam_critic=cfg.lam_critic,
+                            whiten=cfg.whiten_advantages,
+                            drop_truncated=cfg.truncation == "drop")
+            inputs = dict(tokens=batch.tokens, action_mask=t["action_mask"],
+                          returns=t["returns"], old_values=values)
+            for _ in range(cfg.critic_steps):
+                critic, cm = learner._critic_step(critic, inputs)
+                metrics.update(_prefixed("critic", cm))
+        else:
+            t = group_targets(batch, version, whiten=cfg.whiten_advantages,
+                              drop_truncated=cfg.truncation == "drop")
+        metrics.update(t["metrics"])
+        actor = states.actor
+        update_actor = not cfg.uses_critic or step >= cfg.critic_warmup_steps
+        if update_actor:
+            inputs = dict(tokens=batch.tokens, policy_mask=t["policy_mask"],
+                          advantages=t["advantages"], rollout_logprobs=batch.rollout_logprobs)
+            actor, am = learner._actor_step(actor, states.ref_params, inputs)
+            metrics.update(_prefixed("actor", am))
+    new_step = jax.device_put(jnp.asarray(step + 1, jnp.int32), states.step.sharding)
+    new = LearnerStates(actor=actor, critic=critic, ref_params=states.ref_params, step=new_step)
+    out = to_host(metrics)
+    out.update({"learner/step": float(step + 1), "learner/actor_updated": float(update_actor),
+                "learner/policy_version": float(new.policy_version)})
+    return new, out
+
+
+def value_pretrain(learner: Learner, states: LearnerStates, batches: Iterable[TrainBatch], *,
+                   ev_threshold: float | None = None,
+                   max_steps: int | None = None) -> tuple[LearnerStates, dict]:
+    """Fits the critic to Monte-Carlo returns before RL (VC-PPO style, §5).
+
+    Cycles over ``batches`` (built from trajectories of the initial policy);
+    before each critic step it measures the explained variance of the critic
+    on the batch and stops once it reaches ``ev_threshold``, or after
+    ``max_steps`` critic steps (defaults: ``cfg.value_pretrain_ev`` /
+    ``cfg.value_pretrain_steps``). The actor is untouched and the learner step
+    counter does not move. Donates ``states``.
+
+    Returns:
+      ``(states, {"steps", "explained_variance", "history"})``; ``history`` is
+      the explained variance measured before each step (and the final one).
+    Raises:
+      ValueError: without a critic or with no batches.
+    """
+    cfg = learner.cfg
+    if not cfg.uses_critic:
+        raise ValueError("value_pretrain needs a critic (advantage_estimator='gae')")
+    ev_threshold = cfg.value_pretrain_ev if ev_threshold is None else ev_threshold
+    max_steps = cfg.value_pretrain_steps if max_steps is None else max_steps
+    placed = [b if not isinstance(b.tokens, np.ndarray) else learner.put_batch(b)
+              for b in batches]
+    if not placed:
+        raise ValueError("value_pretrain needs at least one batch")
+    critic, history, n = states.critic, [], 0
+    with jax.set_mesh(learner.mesh):
+        for batch in itertools.cycle(placed):
+            values = learner._critic_values(critic.params, batch.tokens)
+            t = gae_targets(batch, values, states.actor.step, gamma=cfg.gamma, alpha=cfg.alpha,
+                            lam_policy=cfg.lam_policy, lam_critic=1.0, whiten=False,
+                            drop_truncated=False)
+            ev = float(t["metrics"]["critic/explained_variance"])
+            history.append(ev)
+            if ev >= ev_threshold or n >= max_steps:
+                break
+            critic, _ = learner._critic_step(critic, dict(
+                tokens=batch.tokens, action_mask=t["action_mask"], returns=t["returns"],
+                old_values=values))
+            n += 1
+    new = LearnerStates(actor=states.actor, critic=critic, ref_params=states.ref_params,
+                        step=states.step)
+    return new, {"steps": n, "explained_variance": history[-1], "history": history}
