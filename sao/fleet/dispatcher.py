@@ -30,14 +30,13 @@ import base64
 import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import json
 import threading
 import time
-import uuid
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from sao.fleet import staleness
+from sao.fleet.leases import Lease, LeaseBook
 from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
 from sao.rpc import auth, codec, sao_pb2
@@ -88,22 +87,6 @@ class DispatcherConfig:
         return self.max_in_flight or staleness.max_in_flight(self.batch_size, self.tau)
 
 
-@dataclasses.dataclass
-class _Lease:
-    lease_id: str
-    prompt_id: str
-    prompt: dict
-    link: WorkerLink
-    issued_at: float
-
-
-def _prompt_id(prompt: dict, n: int) -> str:
-    for key in ("prompt_id", "id"):
-        if key in prompt:
-            return str(prompt[key])
-    return f"prompt-{n}"
-
-
 class Dispatcher:
     """Client of the rollout fleet; thread-safe; use as a context manager.
 
@@ -116,26 +99,15 @@ class Dispatcher:
 
     def __init__(self, workers: Iterable[str], prompts: Iterable[dict], config: DispatcherConfig):
         self.config = config
-        self._source: Iterator[dict] = iter(prompts)
-        self._source_n = 0
-        self._source_done = False
+        self._book = LeaseBook(prompts)
         self._cv = threading.Condition()
         self._links: dict[str, WorkerLink] = {}
         self._live: dict[WorkerLink, int] = {}           # joined link -> capacity
-        self._link_leases: dict[WorkerLink, set[str]] = collections.defaultdict(set)
-        self._leases: dict[str, _Lease] = {}             # outstanding
-        self._lease_prompt: dict[str, str] = {}          # every lease ever issued
-        self._prompt_leases: dict[str, set[str]] = collections.defaultdict(set)
-        self._pending: collections.deque[tuple[str, dict]] = collections.deque()
-        self._attempts: collections.Counter[str] = collections.Counter()
-        self._done: set[str] = set()
         self._buffer: collections.deque[Trajectory] = collections.deque()
         self._buffer_checked_at: int | None = None
         self._version = config.initial_version
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
-        self._session = uuid.uuid4().hex[:8]
-        self._counter = itertools.count()
         self.metrics = FleetMetrics()
         self._started = False
         for address in workers:
@@ -195,7 +167,7 @@ class Dispatcher:
             self._schedule()
             while True:
                 self._drop_stale_buffered()
-                if len(self._buffer) >= B or self._exhausted():
+                if len(self._buffer) >= B or self._book.exhausted:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
@@ -241,23 +213,22 @@ class Dispatcher:
     def snapshot(self) -> dict:
         """Metrics (see ``sao.fleet.metrics``) as a plain dict."""
         with self._cv:
-            return self.metrics.snapshot(queue_depth=len(self._buffer),
-                                         prompts_in_flight=len(self._prompt_leases),
-                                         pending=len(self._pending),
+            snap = self.metrics.snapshot(queue_depth=len(self._buffer),
+                                         prompts_in_flight=self._book.in_flight,
+                                         pending=self._book.pending,
                                          learner_version=self._version)
+            for address, link in self._links.items():
+                snap["workers"][address]["leases"] = self._book.held_by(link)
+            return snap
 
     # -- checkpointing --------------------------------------------------------
     def state_dict(self) -> dict:
         """JSON-serialisable state: version, weights, buffered trajectories,
         prompts to re-issue (in flight + pending), answered prompt ids."""
         with self._cv:
-            reissue = [self._leases[next(iter(ls))].prompt for ls in self._prompt_leases.values()]
-            reissue += [p for _, p in self._pending]
             return {"version": self._version, "weights": self._weights,
                     "buffer": [base64.b64encode(codec.encode(t)).decode() for t in self._buffer],
-                    "reissue": reissue, "done": sorted(self._done),
-                    "attempts": dict(self._attempts), "source_n": self._source_n,
-                    "metrics": self.metrics.state_dict()}
+                    "leases": self._book.state_dict(), "metrics": self.metrics.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores ``state_dict()`` output; call before ``start``. Buffered
@@ -269,10 +240,7 @@ class Dispatcher:
             self._weights = tuple(state["weights"]) if state.get("weights") else None
             self._buffer = collections.deque(codec.decode(base64.b64decode(b))
                                              for b in state["buffer"])
-            self._done = set(state["done"])
-            self._attempts = collections.Counter(state.get("attempts", {}))
-            self._source_n = int(state.get("source_n", 0))
-            self._pending = collections.deque((_prompt_id(p, -1), p) for p in state["reissue"])
+            self._book.load_state_dict(state["leases"])
             self.metrics.load_state_dict(state.get("metrics", {}))
 
     @staticmethod
@@ -306,14 +274,7 @@ class Dispatcher:
         with self._cv:
             self._live.pop(link, None)
             self.metrics.worker(link.address).live = False
-            for lease_id in list(self._link_leases.pop(link, ())):
-                lease = self._leases.pop(lease_id, None)
-                if lease is None:
-                    continue
-                self._forget(lease)
-                if lease.prompt_id not in self._done and not self._prompt_leases.get(lease.prompt_id):
-                    self._pending.appendleft((lease.prompt_id, lease.prompt))
-                    self.metrics.reissued += 1
+            self.metrics.reissued += self._book.drop_link(link)
             self._schedule()
             self._cv.notify_all()
 
@@ -334,41 +295,28 @@ class Dispatcher:
             self._cv.notify_all()
 
     # -- internals (hold self._cv) ---------------------------------------
-    def _forget(self, lease: _Lease) -> None:
-        self._link_leases[lease.link].discard(lease.lease_id)
-        ids = self._prompt_leases.get(lease.prompt_id)
-        if ids is not None:
-            ids.discard(lease.lease_id)
-            if not ids:
-                del self._prompt_leases[lease.prompt_id]
-
     def _finish_prompt(self, prompt_id: str) -> None:
-        """Marks a prompt answered and cancels its other leases."""
-        self._done.add(prompt_id)
-        for lease_id in list(self._prompt_leases.get(prompt_id, ())):
-            lease = self._leases.pop(lease_id)
-            self._forget(lease)
-            lease.link.send(sao_pb2.GenerateRequest(cancel_lease_ids=[lease_id]))
+        """Marks a prompt answered and cancels its other leases on their workers."""
+        for lease in self._book.finish(prompt_id):
+            lease.link.send(sao_pb2.GenerateRequest(cancel_lease_ids=[lease.lease_id]))
 
     def _ingest(self, link, lease_id, traj, reason, error) -> None:
-        prompt_id = self._lease_prompt.get(lease_id)
-        lease = self._leases.pop(lease_id, None)
-        if lease is not None:
-            self._forget(lease)
+        """Gives one arriving answer exactly one outcome (accepted or a drop reason)."""
+        prompt_id, lease = self._book.settle(lease_id)
         stats = self.metrics.worker(link.address)
         if prompt_id is None:
             self.metrics.drop("unknown_lease")
             return
-        if prompt_id in self._done:
+        if prompt_id in self._book.done:
             self.metrics.drop("duplicate")
             return
         if error is not None:
             stats.errors += 1
             self.metrics.episode_errors += 1
-            if lease is None or self._prompt_leases.get(prompt_id):
+            if lease is None or self._book.running(prompt_id):
                 return  # the prompt is already queued again or running elsewhere
-            if self._attempts[prompt_id] < self.config.max_attempts:
-                self._pending.appendleft((prompt_id, lease.prompt))
+            if self._book.attempts[prompt_id] < self.config.max_attempts:
+                self._book.requeue(prompt_id, lease.prompt)
                 self.metrics.reissued += 1
             else:
                 self._finish_prompt(prompt_id)
@@ -403,73 +351,44 @@ class Dispatcher:
                 keep.append(t)
         self._buffer = keep
 
-    def _exhausted(self) -> bool:
-        return self._source_done and not self._pending and not self._prompt_leases
-
-    def _next_prompt(self) -> tuple[str, dict] | None:
-        while self._pending:
-            prompt_id, prompt = self._pending.popleft()
-            if prompt_id not in self._done:
-                return prompt_id, prompt
-        while not self._source_done:
-            try:
-                prompt = next(self._source)
-            except StopIteration:
-                self._source_done = True
-                return None
-            if not isinstance(prompt, dict):
-                raise TypeError(f"prompts must be dicts, got {type(prompt).__name__}")
-            prompt_id = _prompt_id(prompt, self._source_n)
-            self._source_n += 1
-            if prompt_id not in self._done:
-                return prompt_id, prompt
-        return None
-
     def _free(self, link: WorkerLink) -> int:
-        return self._live[link] - len(self._link_leases[link])
+        return self._live[link] - self._book.held_by(link)
 
-    def _issue(self, prompt_id: str, prompt: dict, link: WorkerLink, out: dict) -> None:
-        lease_id = f"{self._session}-{next(self._counter)}"
-        self._attempts[prompt_id] += 1
-        self._leases[lease_id] = _Lease(lease_id, prompt_id, prompt, link, time.monotonic())
-        self._lease_prompt[lease_id] = prompt_id
-        self._prompt_leases[prompt_id].add(lease_id)
-        self._link_leases[link].add(lease_id)
-        out.setdefault(link, []).append(sao_pb2.Lease(
-            lease_id=lease_id, prompt_id=prompt_id, prompt_json=json.dumps(prompt)))
+    @staticmethod
+    def _send(leases: list[Lease]) -> None:
+        by_link: dict[WorkerLink, list] = {}
+        for lease in leases:
+            by_link.setdefault(lease.link, []).append(lease.to_proto())
+        for link, protos in by_link.items():
+            link.send(sao_pb2.GenerateRequest(leases=protos))
 
     def _schedule(self) -> None:
         """Issues leases while the budget and worker capacity allow."""
         if not self._live:
             return
-        out: dict[WorkerLink, list] = {}
-        budget = self.config.budget - len(self._prompt_leases) - len(self._buffer)
+        budget = self.config.budget - self._book.in_flight - len(self._buffer)
         if self._awaiting_push:
             budget -= self.config.batch_size
+        issued = []
         while budget > 0:
             link = max(self._live, key=self._free)
             if self._free(link) <= 0:
                 break
-            item = self._next_prompt()
-            if item is None:
+            lease = self._book.issue(link)
+            if lease is None:
                 break
-            self._issue(*item, link, out)
+            issued.append(lease)
             budget -= 1
-        for link, leases in out.items():
-            link.send(sao_pb2.GenerateRequest(leases=leases))
+        self._send(issued)
 
     def _respawn_overdue(self) -> None:
         """Issues overdue leases once more on another worker (first answer wins)."""
-        timeout = self.config.lease_timeout_s
-        if timeout is None:
+        if self.config.lease_timeout_s is None:
             return
-        now, out = time.monotonic(), {}
-        for lease in list(self._leases.values()):
-            if now - lease.issued_at < timeout or len(self._prompt_leases[lease.prompt_id]) > 1:
-                continue  # not overdue, or already running twice
+        issued = []
+        for lease in self._book.overdue(self.config.lease_timeout_s):
             others = [l for l in self._live if l is not lease.link and self._free(l) > 0]
             if others:
-                self._issue(lease.prompt_id, lease.prompt, max(others, key=self._free), out)
+                issued.append(self._book.issue_again(lease, max(others, key=self._free)))
                 self.metrics.reissued += 1
-        for link, leases in out.items():
-            link.send(sao_pb2.GenerateRequest(leases=leases))
+        self._send(issued)

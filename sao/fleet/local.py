@@ -12,7 +12,7 @@ import concurrent.futures
 import threading
 from typing import Awaitable, Callable
 
-from sao.fleet.worker import EpisodeFn, WorkerConfig, WorkerServer, serve
+from sao.fleet.worker import EpisodeFn, WorkerConfig, serve
 from sao.rollout.base import Engine
 
 

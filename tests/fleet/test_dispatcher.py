@@ -1,5 +1,4 @@
 """Dispatcher + workers over real gRPC on 127.0.0.1 (simulated engine)."""
-import asyncio
 
 import numpy as np
 import pytest

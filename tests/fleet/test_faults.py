@@ -1,5 +1,4 @@
 """Faults: a SIGKILLed worker, a restarted worker, a restarted learner, hostile workers."""
-import asyncio
 import collections
 
 import numpy as np
@@ -21,7 +20,7 @@ def test_sigkilled_worker_leases_reissued_restarted_worker_rejoins():
     try:
         with Dispatcher([a.address, b.address], ps, cfg) as d:
             trained = d.get_batch(timeout=60)
-            wait_until(lambda: len(d._link_leases[d._links[a.address]]) > 0)
+            wait_until(lambda: d.snapshot()["workers"][a.address]["leases"] > 0)
             a.kill()
             trained += d.get_batch(timeout=60)
             wait_until(lambda: not d.snapshot()["workers"][a.address]["live"])

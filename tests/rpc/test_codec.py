@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sao.rpc import codec, sao_pb2
+from sao.rpc import codec
 from sao.types import Trajectory
 
 

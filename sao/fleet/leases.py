@@ -1,0 +1,190 @@
+"""Which prompt is where: the dispatcher's lease book.
+
+A *lease* is one issue of a prompt to one worker (``lease_id`` unique per
+issue). The book tracks outstanding leases by worker and by prompt, the
+queue of prompts to issue again (ahead of fresh ones from the source), how
+often each prompt was issued, and which prompts are answered (``done``), so
+that each prompt's trajectory is counted exactly once whatever the faults.
+Not thread-safe: the dispatcher calls it under its lock.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import json
+import time
+import uuid
+from typing import Hashable, Iterable, Iterator
+
+from sao.rpc import sao_pb2
+
+
+@dataclasses.dataclass
+class Lease:
+    lease_id: str
+    prompt_id: str
+    prompt: dict
+    link: Hashable       # the worker connection holding it
+    issued_at: float     # time.monotonic()
+
+    def to_proto(self) -> sao_pb2.Lease:
+        return sao_pb2.Lease(lease_id=self.lease_id, prompt_id=self.prompt_id,
+                             prompt_json=json.dumps(self.prompt))
+
+
+def prompt_id_of(prompt: dict, n: int) -> str:
+    """``prompt["prompt_id"]`` (or ``prompt["id"]``), else ``prompt-<n>``."""
+    for key in ("prompt_id", "id"):
+        if key in prompt:
+            return str(prompt[key])
+    return f"prompt-{n}"
+
+
+class LeaseBook:
+    """Outstanding leases, the re-issue queue, attempts and answered prompts.
+
+    Args:
+      prompts: iterable of JSON-serialisable dicts, pulled lazily; raises
+        TypeError (from ``issue``) on a non-dict.
+    """
+
+    def __init__(self, prompts: Iterable[dict]):
+        self._source: Iterator[dict] = iter(prompts)
+        self._source_n = 0
+        self._source_done = False
+        self._outstanding: dict[str, Lease] = {}
+        self._lease_prompt: dict[str, str] = {}   # every lease ever issued
+        self._by_prompt: dict[str, set[str]] = collections.defaultdict(set)
+        self._by_link: dict[Hashable, set[str]] = collections.defaultdict(set)
+        self._pending: collections.deque[tuple[str, dict]] = collections.deque()
+        self.attempts: collections.Counter[str] = collections.Counter()
+        self.done: set[str] = set()
+        self._session = uuid.uuid4().hex[:8]
+        self._counter = itertools.count()
+
+    # -- counts ---------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Prompts with at least one outstanding lease."""
+        return len(self._by_prompt)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def exhausted(self) -> bool:
+        """Nothing left to issue and nothing outstanding."""
+        return self._source_done and not self._pending and not self._by_prompt
+
+    def held_by(self, link) -> int:
+        return len(self._by_link.get(link, ()))
+
+    def running(self, prompt_id: str) -> bool:
+        return bool(self._by_prompt.get(prompt_id))
+
+    # -- issuing ----------------------------------------------------------------
+    def _next_prompt(self) -> tuple[str, dict] | None:
+        while self._pending:
+            prompt_id, prompt = self._pending.popleft()
+            if prompt_id not in self.done:
+                return prompt_id, prompt
+        while not self._source_done:
+            try:
+                prompt = next(self._source)
+            except StopIteration:
+                self._source_done = True
+                return None
+            if not isinstance(prompt, dict):
+                raise TypeError(f"prompts must be dicts, got {type(prompt).__name__}")
+            prompt_id = prompt_id_of(prompt, self._source_n)
+            self._source_n += 1
+            if prompt_id not in self.done:
+                return prompt_id, prompt
+        return None
+
+    def _record(self, prompt_id: str, prompt: dict, link) -> Lease:
+        lease = Lease(f"{self._session}-{next(self._counter)}", prompt_id, prompt, link,
+                      time.monotonic())
+        self.attempts[prompt_id] += 1
+        self._outstanding[lease.lease_id] = lease
+        self._lease_prompt[lease.lease_id] = prompt_id
+        self._by_prompt[prompt_id].add(lease.lease_id)
+        self._by_link[link].add(lease.lease_id)
+        return lease
+
+    def issue(self, link) -> Lease | None:
+        """Leases the next prompt (re-issues first) to ``link``; None if none is left."""
+        item = self._next_prompt()
+        return None if item is None else self._record(*item, link)
+
+    def issue_again(self, lease: Lease, link) -> Lease:
+        """A second concurrent lease of ``lease``'s prompt (speculative re-issue)."""
+        return self._record(lease.prompt_id, lease.prompt, link)
+
+    def overdue(self, timeout_s: float) -> list[Lease]:
+        """Outstanding leases older than ``timeout_s`` whose prompt runs only once."""
+        now = time.monotonic()
+        return [l for l in self._outstanding.values()
+                if now - l.issued_at >= timeout_s and len(self._by_prompt[l.prompt_id]) == 1]
+
+    # -- settling ---------------------------------------------------------------
+    def _forget(self, lease: Lease) -> None:
+        self._by_link[lease.link].discard(lease.lease_id)
+        ids = self._by_prompt.get(lease.prompt_id)
+        if ids is not None:
+            ids.discard(lease.lease_id)
+            if not ids:
+                del self._by_prompt[lease.prompt_id]
+
+    def settle(self, lease_id: str) -> tuple[str | None, Lease | None]:
+        """An answer for ``lease_id`` arrived: returns its prompt id (None if the
+        id was never issued here) and the lease if it was still outstanding."""
+        lease = self._outstanding.pop(lease_id, None)
+        if lease is not None:
+            self._forget(lease)
+        return self._lease_prompt.get(lease_id), lease
+
+    def requeue(self, prompt_id: str, prompt: dict) -> None:
+        """Issue this prompt again before any fresh one."""
+        self._pending.appendleft((prompt_id, prompt))
+
+    def finish(self, prompt_id: str) -> list[Lease]:
+        """Marks the prompt answered; returns its other outstanding leases,
+        now withdrawn (the caller cancels them on their workers)."""
+        self.done.add(prompt_id)
+        withdrawn = [self._outstanding.pop(i) for i in list(self._by_prompt.get(prompt_id, ()))]
+        for lease in withdrawn:
+            self._forget(lease)
+        return withdrawn
+
+    def drop_link(self, link) -> int:
+        """Withdraws every lease ``link`` held; queues their prompts again
+        (unless answered or running elsewhere); returns how many were queued."""
+        queued = 0
+        for lease_id in list(self._by_link.pop(link, ())):
+            lease = self._outstanding.pop(lease_id, None)
+            if lease is None:
+                continue
+            self._forget(lease)
+            if lease.prompt_id not in self.done and not self.running(lease.prompt_id):
+                self.requeue(lease.prompt_id, lease.prompt)
+                queued += 1
+        return queued
+
+    # -- checkpointing ------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """``[prompt_id, prompt]`` pairs to re-issue (outstanding, then queued),
+        answered ids, attempts; JSON-serialisable."""
+        reissue = [[pid, self._outstanding[next(iter(ids))].prompt]
+                   for pid, ids in self._by_prompt.items()]
+        reissue += [[pid, p] for pid, p in self._pending]
+        return {"reissue": reissue, "done": sorted(self.done), "attempts": dict(self.attempts),
+                "source_n": self._source_n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.done = set(state["done"])
+        self.attempts = collections.Counter(state.get("attempts", {}))
+        self._source_n = int(state.get("source_n", 0))
+        self._pending = collections.deque((str(pid), p) for pid, p in state["reissue"])
