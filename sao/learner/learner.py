@@ -28,7 +28,7 @@ from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
 from sao.learner.guards import check_sharded
 from sao.learner.mesh import batch_sharding
-from sao.learner.state import (TrainState, create_state, make_optimizer, trainable_mask)
+from sao.learner.state import TrainState, make_optimizer, plan_state, trainable_mask
 from sao.models import ValueModel
 
 ModelOrFactory = nnx.Module | Callable[[], nnx.Module]
@@ -78,33 +78,26 @@ class Learner:
         self._rep = NamedSharding(mesh, PartitionSpec())
         self._bs = batch_sharding(mesh, (cfg.batch_size,))
 
-        self.actor_def, actor, self.actor_shardings, self.actor_tx = create_state(
-            policy, functools.partial(
-                make_optimizer, lr=cfg.actor_lr, freeze_regex=cfg.actor_freeze_regex,
-                **self._opt_kwargs(cfg.actor_schedule)), mesh)
-        critic_state = None
+        self._actor_plan = plan_state(policy, functools.partial(
+            make_optimizer, lr=cfg.actor_lr, freeze_regex=cfg.actor_freeze_regex,
+            **self._opt_kwargs(cfg.actor_schedule)), mesh)
+        self.actor_def = self._actor_plan.model_def
+        self.actor_shardings, self.actor_tx = self._actor_plan.shardings, self._actor_plan.tx
+        self._critic_plan = None
         self.critic_def = self.critic_tx = self.critic_shardings = None
         if cfg.uses_critic:
             if critic is None:
                 critic = (ValueModel.from_policy(policy) if isinstance(policy, nnx.Module)
                           else (lambda: ValueModel.from_policy(policy())))
-            self.critic_def, critic_state, self.critic_shardings, self.critic_tx = create_state(
-                critic, functools.partial(
-                    make_optimizer, lr=cfg.critic_lr, freeze_regex=cfg.critic_freeze_regex,
-                    **self._opt_kwargs(cfg.critic_schedule)), mesh)
-        ref = None
-        if cfg.kl_coef > 0:
-            ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
-                          out_shardings=self.actor_shardings.params)(actor.params)
-        self._initial = LearnerStates(actor=actor, critic=critic_state, ref_params=ref,
-                                      step=jax.device_put(jnp.zeros((), jnp.int32), self._rep))
+            self._critic_plan = plan_state(critic, functools.partial(
+                make_optimizer, lr=cfg.critic_lr, freeze_regex=cfg.critic_freeze_regex,
+                **self._opt_kwargs(cfg.critic_schedule)), mesh)
+            self.critic_def = self._critic_plan.model_def
+            self.critic_shardings = self._critic_plan.shardings
+            self.critic_tx = self._critic_plan.tx
         self.state_shardings = LearnerStates(
             actor=self.actor_shardings, critic=self.critic_shardings,
-            ref_params=self.actor_shardings.params if ref is not None else None, step=self._rep)
-        for name, state in (("actor", actor), ("critic", critic_state)):
-            if state is not None:
-                check_sharded(state.params, mesh, min_size=cfg.shard_check_min_size,
-                              mode=cfg.shard_check, name=name)
+            ref_params=self.actor_shardings.params if cfg.kl_coef > 0 else None, step=self._rep)
         self._build_steps()
 
     def _opt_kwargs(self, schedule: str) -> dict:
@@ -115,7 +108,7 @@ class Learner:
 
     def _build_steps(self):
         c, bs, rep = self.cfg, self._bs, self._rep
-        actor_trainable = trainable_mask(self._initial.actor.params, c.actor_freeze_regex)
+        actor_trainable = trainable_mask(self.actor_shardings.params, c.actor_freeze_regex)
         hp = {"eps_low": c.eps_low, "eps_high": c.eps_high}
         self._actor_step = jax.jit(
             functools.partial(
@@ -129,7 +122,7 @@ class Learner:
             functools.partial(steps.actor_logprobs, self.actor_def, temperature=c.temperature),
             in_shardings=(self.actor_shardings.params, bs), out_shardings=bs)
         if self.critic_def is not None:
-            critic_trainable = trainable_mask(self._initial.critic.params, c.critic_freeze_regex)
+            critic_trainable = trainable_mask(self.critic_shardings.params, c.critic_freeze_regex)
             self._critic_step = jax.jit(
                 functools.partial(steps.critic_step, model_def=self.critic_def,
                                   tx=self.critic_tx, trainable=critic_trainable,
@@ -143,15 +136,24 @@ class Learner:
     # -- states ------------------------------------------------------------
 
     def init_states(self) -> LearnerStates:
-        """The freshly created, sharded states (once: later steps donate them).
+        """Fresh sharded states (same bits on every call), checked with
+        `check_sharded`; the reference policy is a copy of the initial actor.
 
         Raises:
-          RuntimeError: on a second call (restore a checkpoint instead).
+          ValueError: ``shard_check="raise"`` and a large parameter is replicated.
         """
-        if self._initial is None:
-            raise RuntimeError("init_states() was already called; restore from a checkpoint")
-        states, self._initial = self._initial, None
-        return states
+        actor = self._actor_plan.init()
+        critic = self._critic_plan.init() if self._critic_plan is not None else None
+        for name, state in (("actor", actor), ("critic", critic)):
+            if state is not None:
+                check_sharded(state.params, self.mesh, min_size=self.cfg.shard_check_min_size,
+                              mode=self.cfg.shard_check, name=name)
+        ref = None
+        if self.cfg.kl_coef > 0:
+            ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                          out_shardings=self.actor_shardings.params)(actor.params)
+        step = jax.device_put(jnp.zeros((), jnp.int32), self._rep)
+        return LearnerStates(actor=actor, critic=critic, ref_params=ref, step=step)
 
     def abstract_states(self, like: LearnerStates) -> LearnerStates:
         """Shape/dtype/sharding tree of ``like`` placed on this learner's mesh:

@@ -151,10 +151,23 @@ def state_sharding_tree(abstract_state: TrainState, param_shardings, tx,
     return TrainState(params=param_shardings, opt_state=opt, step=replicated)
 
 
-def create_state(model: nnx.Module | Callable[[], nnx.Module],
-                 make_tx: Callable[[Any], optax.GradientTransformation],
-                 mesh: Mesh) -> tuple[ModelDef, TrainState, TrainState, optax.GradientTransformation]:
-    """Creates a `TrainState` already sharded on ``mesh``.
+@dataclasses.dataclass(frozen=True)
+class StatePlan:
+    """What `plan_state` decides before any parameter exists.
+
+    ``init()`` materialises a fresh `TrainState` directly with ``shardings``
+    (deterministic: the same factory or module gives the same bits each call).
+    """
+
+    model_def: ModelDef
+    shardings: TrainState
+    tx: optax.GradientTransformation
+    init: Callable[[], TrainState]
+
+
+def plan_state(model: nnx.Module | Callable[[], nnx.Module],
+               make_tx: Callable[[Any], optax.GradientTransformation], mesh: Mesh) -> StatePlan:
+    """Shapes, shardings and optimiser of a train state, plus its initialiser.
 
     Args:
       model: a factory ``() -> nnx.Module`` (parameters are then materialised
@@ -164,9 +177,8 @@ def create_state(model: nnx.Module | Callable[[], nnx.Module],
       make_tx: ``params -> optax transformation`` (e.g. a partial of
         `make_optimizer`).
       mesh: the learner mesh.
-
-    Returns:
-      ``(model_def, state, state_shardings, tx)``.
+    Raises:
+      ValueError: the model has variables other than ``nnx.Param``.
     """
     if isinstance(model, nnx.Module):
         graphdef, concrete = _split_params(model)
@@ -191,5 +203,18 @@ def create_state(model: nnx.Module | Callable[[], nnx.Module],
     shardings = state_sharding_tree(abstract_state, param_shardings, tx, mesh)
     # Not under jax.set_mesh: nnx.eval_shape inside a factory (e.g.
     # ValueModel.from_policy) would read logical axis names as mesh axes.
-    state = jax.jit(init, out_shardings=shardings)(source)
-    return model_def, state, shardings, tx
+    jitted = jax.jit(init, out_shardings=shardings)
+    return StatePlan(model_def=model_def, shardings=shardings, tx=tx,
+                     init=lambda: jitted(source))
+
+
+def create_state(model: nnx.Module | Callable[[], nnx.Module],
+                 make_tx: Callable[[Any], optax.GradientTransformation],
+                 mesh: Mesh) -> tuple[ModelDef, TrainState, TrainState, optax.GradientTransformation]:
+    """Creates a `TrainState` already sharded on ``mesh`` (see `plan_state`).
+
+    Returns:
+      ``(model_def, state, state_shardings, tx)``.
+    """
+    plan = plan_state(model, make_tx, mesh)
+    return plan.model_def, plan.init(), plan.shardings, plan.tx
