@@ -27,6 +27,7 @@ class Lease:
     prompt: dict
     link: Hashable       # the worker connection holding it
     issued_at: float     # time.monotonic()
+    seq: int = 0         # issue order
 
     def to_proto(self) -> sao_pb2.Lease:
         return sao_pb2.Lease(lease_id=self.lease_id, prompt_id=self.prompt_id,
@@ -105,8 +106,8 @@ class LeaseBook:
         return None
 
     def _record(self, prompt_id: str, prompt: dict, link) -> Lease:
-        lease = Lease(f"{self._session}-{next(self._counter)}", prompt_id, prompt, link,
-                      time.monotonic())
+        seq = next(self._counter)
+        lease = Lease(f"{self._session}-{seq}", prompt_id, prompt, link, time.monotonic(), seq)
         self.attempts[prompt_id] += 1
         self._outstanding[lease.lease_id] = lease
         self._lease_prompt[lease.lease_id] = prompt_id
@@ -162,16 +163,15 @@ class LeaseBook:
     def drop_link(self, link) -> int:
         """Withdraws every lease ``link`` held; queues their prompts again
         (unless answered or running elsewhere); returns how many were queued."""
-        queued = 0
-        for lease_id in list(self._by_link.pop(link, ())):
-            lease = self._outstanding.pop(lease_id, None)
-            if lease is None:
-                continue
+        withdrawn = [self._outstanding.pop(i) for i in self._by_link.pop(link, ())
+                     if i in self._outstanding]
+        for lease in withdrawn:
             self._forget(lease)
-            if lease.prompt_id not in self.done and not self.running(lease.prompt_id):
-                self.requeue(lease.prompt_id, lease.prompt)
-                queued += 1
-        return queued
+        again = [l for l in sorted(withdrawn, key=lambda l: l.seq)
+                 if l.prompt_id not in self.done and not self.running(l.prompt_id)]
+        for lease in reversed(again):  # oldest first, ahead of everything queued
+            self.requeue(lease.prompt_id, lease.prompt)
+        return len(again)
 
     # -- checkpointing ------------------------------------------------------------
     def state_dict(self) -> dict:
