@@ -24,14 +24,20 @@ class SimulatedEngine(Engine):
     """Engine with latency ``seconds_per_token`` x generated tokens.
 
     Tokens are pseudo-random ids in ``[0, vocab_size)`` seeded by the prompt,
-    log-probs are in ``[-3, -0.01]``; ``finish_reason`` is always ``"length"``
-    (it generates exactly ``params.max_new_tokens``).
+    log-probs uniform in ``logprob_range`` (nats); ``finish_reason`` is always
+    ``"length"`` (it generates exactly ``params.max_new_tokens``). Raises
+    ValueError on a negative latency, empty chunk or vocabulary, or a
+    log-prob range outside ``(-inf, 0]``.
     """
 
     def __init__(self, *, seconds_per_token: float, chunk_tokens: int = 16,
-                 vocab_size: int = 256, version: int = 0):
+                 vocab_size: int = 256, version: int = 0,
+                 logprob_range: tuple[float, float] = (-3.0, -0.01)):
         if seconds_per_token < 0 or chunk_tokens < 1 or vocab_size < 1:
             raise ValueError("seconds_per_token >= 0, chunk_tokens >= 1, vocab_size >= 1 needed")
+        if not -np.inf < logprob_range[0] <= logprob_range[1] <= 0.0:
+            raise ValueError(f"logprob_range must be finite, ordered and <= 0: {logprob_range}")
+        self.logprob_range = logprob_range
         self.seconds_per_token = seconds_per_token
         self.chunk_tokens = chunk_tokens
         self.vocab_size = vocab_size
@@ -50,7 +56,7 @@ class SimulatedEngine(Engine):
         rng = np.random.default_rng(seed)
         n = params.max_new_tokens
         tokens = rng.integers(0, self.vocab_size, size=n).tolist()
-        logprobs = rng.uniform(-3.0, -0.01, size=n).tolist()
+        logprobs = rng.uniform(*self.logprob_range, size=n).tolist()
         versions: list[int] = []
         while len(versions) < n:
             k = min(self.chunk_tokens, n - len(versions))

@@ -52,6 +52,9 @@ class FakeLink:
         self.leases.extend(request.leases)
         self.cancelled.extend(request.cancel_lease_ids)
 
+    def update_weights(self, version, uri):
+        return sao_pb2.UpdateWeightsResponse(ok=True, version=version)
+
     def answer(self, d, lease, traj=None, data=None, error=None):
         if error is not None:
             f = sao_pb2.Finished(lease_id=lease.lease_id, error=error)
