@@ -13,3 +13,5 @@ from sao.models.value import (ATTENTION_PARAMS_REGEX, MLP_PARAMS_REGEX,
 from sao.models.chat import ChatTemplate, encode_chat, encode_message, generation_prompt
 from sao.models.hf import from_pretrained, save_pretrained
 from sao.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_hf_tokenizer
+# Weights import/export (owned by the HF/GGUF part; re-exported per architecture.md).
+from sao.models.hf import from_pretrained, save_pretrained

@@ -104,8 +104,9 @@ class Decoder(nnx.Module):
             raise ValueError(f"positions shape {positions.shape} != tokens shape {tokens.shape}")
         x = constrain(self.embed(tokens), ("batch", "length", "embed"))
         kvs, aux = [], jnp.zeros((), jnp.float32)
+        call = nnx.remat(Block.__call__) if self.cfg.remat else Block.__call__
         for layer in self.layers:
-            x, kv, a = layer(x, positions)
+            x, kv, a = call(layer, x, positions)
             kvs.append(kv)
             aux = aux + a
         return self.final_norm(x), kvs, aux / len(self.layers)

@@ -100,3 +100,17 @@ def test_predict_values_alignment(model, tokens):
     assert values.dtype == jnp.float32 and values.shape == tokens.shape
     np.testing.assert_array_equal(values[:, 0], 0.0)
     np.testing.assert_allclose(values[:, 1:], expected[:, :-1], atol=1e-5)
+
+
+def test_remat_gives_the_same_gradient(model, tokens):
+    graphdef, state = nnx.split(model)
+    remat_model = Transformer(model.cfg.replace(remat=True), rngs=nnx.Rngs(0))
+    remat_graphdef = nnx.graphdef(remat_model)
+
+    def loss(gd, st):
+        return token_logprobs(nnx.merge(gd, st), tokens, chunk=4).sum()
+
+    g1 = jax.jit(jax.grad(lambda st: loss(graphdef, st)))(state)
+    g2 = jax.jit(jax.grad(lambda st: loss(remat_graphdef, st)))(state)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
