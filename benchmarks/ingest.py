@@ -5,9 +5,9 @@
 Workers (in-process, 127.0.0.1) answer every lease at once with a ready
 trajectory of ``--length`` tokens, so the measured rate is the transport
 path alone: worker codec + gRPC stream + dispatcher decode/validate/buffer +
-``get_batch``. The learner's consumption rate is measured in the same run: a
-jitted training step (token log-probs of the ``tiny`` preset, masked mean,
-AdamW) on ``[--learner_batch, --length]`` batches. The ratio compares tokens/s.
+``get_batch``. The learner's consumption rate is measured in the same run: the project
+learner's SAO update (``sao.learner``: critic values, 2 critic steps, DIS
+actor step) on the ``tiny`` preset with ``[--learner_batch, --length]`` batches. The ratio compares tokens/s.
 Ends with one JSON line. Target: ingest >= 20x the learner's consumption.
 """
 from __future__ import annotations
@@ -83,37 +83,30 @@ def measure_ingest(args) -> dict:
 
 
 def measure_learner(args) -> dict:
+    """Tokens/s of the project learner's SAO update (critic values, K=2 critic
+    steps, DIS actor step) on the ``tiny`` preset, one device."""
     import jax
-    import jax.numpy as jnp
-    import optax
     from flax import nnx
 
-    from sao.models import Transformer, get_preset, token_logprobs
+    from sao.learner import LearnerConfig, make_train_batch
+    from sao.learner.learner import Learner
+    from sao.learner.mesh import mesh_from_config
+    from sao.models import Transformer, get_preset
 
-    model = Transformer(get_preset("tiny"), rngs=nnx.Rngs(0))
-    graphdef, state = nnx.split(model)
-    tx = optax.adamw(1e-4)
-    opt_state = tx.init(state)
-
-    def loss_fn(state, tokens, mask):
-        lp = token_logprobs(nnx.merge(graphdef, state), tokens)
-        return -(lp * mask).sum() / mask.sum()
-
-    @jax.jit
-    def step(state, opt_state, tokens, mask):
-        loss, grads = jax.value_and_grad(loss_fn)(state, tokens, mask)
-        updates, opt_state = tx.update(grads, opt_state, state)
-        return optax.apply_updates(state, updates), opt_state, loss
-
+    cfg = LearnerConfig(batch_size=args.learner_batch, length_buckets=(args.length,),
+                        critic_warmup_steps=0, shard_check="off")
+    mesh = mesh_from_config({"data": 1}, devices=jax.devices()[:1])
+    learner = Learner(cfg, mesh, lambda: Transformer(get_preset("tiny"), rngs=nnx.Rngs(0)))
+    states = learner.init_states()
     t = ready_trajectory(args.length)
-    tokens = jnp.asarray(np.tile(t.tokens, (args.learner_batch, 1)))
-    mask = jnp.asarray(np.tile(t.action_mask, (args.learner_batch, 1)), jnp.float32)
-    state, opt_state, loss = step(state, opt_state, tokens, mask)  # compile
-    jax.block_until_ready(loss)
+    batch = make_train_batch([t] * args.learner_batch, buckets=cfg.length_buckets,
+                             batch_size=cfg.batch_size, pad_id=cfg.pad_id)
+    states, _ = learner.sao_update(states, batch)  # compile
+    jax.block_until_ready(states)
     t0 = time.perf_counter()
     for _ in range(args.learner_steps):
-        state, opt_state, loss = step(state, opt_state, tokens, mask)
-    jax.block_until_ready(loss)
+        states, _ = learner.sao_update(states, batch)
+    jax.block_until_ready(states)
     wall = time.perf_counter() - t0
     return {"tokens_per_s": args.learner_steps * args.learner_batch * args.length / wall,
             "trajectories_per_s": args.learner_steps * args.learner_batch / wall}
@@ -136,7 +129,7 @@ def main():
     ratio = ingest["tokens_per_s"] / learner["tokens_per_s"]
     print(f"ingest: {ingest['trajectories_per_s']:.0f} traj/s, {ingest['mb_per_s']:.1f} MB/s, "
           f"{ingest['tokens_per_s'] / 1e6:.2f}M tokens/s (drops {ingest['drops']})")
-    print(f"learner (tiny preset, train step): {learner['tokens_per_s']:.0f} tokens/s, "
+    print(f"learner (tiny preset, SAO update): {learner['tokens_per_s']:.0f} tokens/s, "
           f"{learner['trajectories_per_s']:.2f} traj/s")
     print(f"ingest / learner consumption: {ratio:.0f}x")
     print(json.dumps({
