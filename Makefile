@@ -42,6 +42,8 @@ sglang-venv:
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py
+	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/ingest.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
