@@ -231,6 +231,29 @@ def model_params(model) -> dict[tuple, np.ndarray]:
             for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
+def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
+    """``{param path: shape}`` of `Transformer(cfg)`, without allocating it."""
+    from flax import nnx
+
+    from sao.models.transformer import Transformer
+
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    return {tuple(path): tuple(var.get_value().shape)
+            for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+
+
+def random_params(cfg: ModelConfig, seed: int = 0, scale: float = 0.1) -> dict[tuple, np.ndarray]:
+    """Gaussian float32 values for every parameter (norm scales ``1 + noise``).
+
+    For tests and benchmarks: unlike the model's own init, no tensor is all
+    ones or zeros, so a mis-mapped weight cannot go unnoticed; and it needs no
+    per-shape compilation.
+    """
+    rng = np.random.default_rng(seed)
+    return {path: (rng.normal(0.0, scale, shape) + (path[-1] == "scale")).astype(np.float32)
+            for path, shape in param_shapes(cfg).items()}
+
+
 def build_model(cfg: ModelConfig, params: Mapping[tuple, np.ndarray], *, mesh=None):
     """A `Transformer` holding ``params`` (cast to ``cfg.param_dtype``).
 

@@ -1,12 +1,10 @@
 """GGUF: RoPE row permutation, export/import round trip, errors."""
 import numpy as np
 import pytest
-from flax import nnx
 
 from sao.models import gguf_io, hf
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import ByteTokenizer
-from sao.models.transformer import Transformer
 
 CFG = ModelConfig(arch="llama", qk_norm=False, vocab_size=272, hidden_size=32, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
@@ -28,7 +26,7 @@ def test_permutation_matches_llama_cpp_layout():
 @pytest.mark.parametrize("tied", [False, True])
 def test_round_trip_is_exact(tmp_path, tied):
     cfg = CFG.replace(tie_word_embeddings=tied)
-    model = Transformer(cfg, rngs=nnx.Rngs(7))
+    model = hf.build_model(cfg, hf.random_params(cfg, 7))
     path = str(tmp_path / "m.gguf")
     gguf_io.write_gguf(model, cfg, path, ByteTokenizer())
     meta, state = gguf_io.read_gguf(path)
@@ -61,9 +59,9 @@ def test_round_trip_is_exact(tmp_path, tied):
 def test_errors(tmp_path):
     qwen = CFG.replace(arch="qwen3", qk_norm=True)
     with pytest.raises(ValueError, match="llama"):
-        gguf_io.write_gguf(Transformer(qwen, rngs=nnx.Rngs(0)), qwen,
+        gguf_io.write_gguf(hf.build_model(qwen, hf.random_params(qwen, 0)), qwen,
                            str(tmp_path / "q.gguf"), ByteTokenizer())
     small = CFG.replace(vocab_size=200)
     with pytest.raises(ValueError, match="vocab_size"):
-        gguf_io.write_gguf(Transformer(small, rngs=nnx.Rngs(0)), small,
+        gguf_io.write_gguf(hf.build_model(small, hf.random_params(small, 0)), small,
                            str(tmp_path / "s.gguf"), ByteTokenizer())

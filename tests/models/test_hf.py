@@ -5,12 +5,10 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-from flax import nnx
 
 from sao.models import hf
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import ByteTokenizer
-from sao.models.transformer import Transformer
 
 _SHAPE = dict(vocab_size=272, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
               head_dim=8, intermediate_size=48, rope_theta=10_000.0)
@@ -36,7 +34,7 @@ def assert_same_params(a, b):
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
 def test_round_trip_is_exact(arch, tmp_path):
     cfg = CONFIGS[arch]
-    model = Transformer(cfg, rngs=nnx.Rngs(3))
+    model = hf.build_model(cfg, hf.random_params(cfg, 3))
     hf.save_pretrained(model, cfg, str(tmp_path), tokenizer=ByteTokenizer())
     with open(tmp_path / "config.json") as f:
         hf_cfg = json.load(f)
@@ -50,7 +48,7 @@ def test_round_trip_is_exact(arch, tmp_path):
 
 def test_sharded_checkpoint(tmp_path):
     cfg = CONFIGS["qwen3_moe"]
-    model = Transformer(cfg, rngs=nnx.Rngs(4))
+    model = hf.build_model(cfg, hf.random_params(cfg, 4))
     hf.save_pretrained(model, cfg, str(tmp_path), max_shard_bytes=40_000)
     index = json.loads((tmp_path / hf.SAFETENSORS_INDEX).read_text())
     shards = sorted(set(index["weight_map"].values()))
@@ -64,7 +62,7 @@ def test_sharded_checkpoint(tmp_path):
 
 def test_bfloat16_round_trip_and_dtype_option(tmp_path):
     cfg = CONFIGS["qwen3"].replace(param_dtype="bfloat16", dtype="bfloat16")
-    model = Transformer(cfg, rngs=nnx.Rngs(5))
+    model = hf.build_model(cfg, hf.random_params(cfg, 5))
     hf.save_pretrained(model, cfg, str(tmp_path))
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     state = hf.load_hf_state(str(tmp_path))
@@ -94,7 +92,7 @@ def test_errors(tmp_path):
     cfg = CONFIGS["qwen3"]
     with pytest.raises(FileNotFoundError, match="config.json"):
         hf.from_pretrained(str(tmp_path))
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    model = hf.build_model(cfg, hf.random_params(cfg, 0))
     hf.save_pretrained(model, cfg, str(tmp_path))
     state = hf.load_hf_state(str(tmp_path))
     del state["model.layers.1.mlp.up_proj.weight"]
@@ -103,7 +101,7 @@ def test_errors(tmp_path):
                                          r"unexpected \['model.layers.9.extra'\]"):
         hf.params_from_hf(cfg, state)
     tied = CONFIGS["llama"]
-    bad = hf.params_to_hf(tied, hf.model_params(Transformer(tied, rngs=nnx.Rngs(0))))
+    bad = hf.params_to_hf(tied, hf.random_params(tied, 0))
     bad["lm_head.weight"] = bad["model.embed_tokens.weight"] + 1
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         hf.params_from_hf(tied, bad)
@@ -133,3 +131,19 @@ def test_transformers_v5_config_keys():
               num_local_experts=3)
     assert hf.config_from_hf(v5) == CONFIGS["qwen3_moe"]
     assert os.path.basename(hf.SAFETENSORS) == "model.safetensors"
+
+
+def test_load_onto_a_mesh(tmp_path):
+    import jax
+
+    from sao.models.sharding import make_mesh
+
+    cfg = CONFIGS["qwen3"]
+    model = hf.build_model(cfg, hf.random_params(cfg, 6))
+    hf.save_pretrained(model, cfg, str(tmp_path))
+    mesh = make_mesh(fsdp=2, tensor=4, devices=jax.devices()[:8])
+    _, sharded, _ = hf.from_pretrained(str(tmp_path), mesh=mesh)
+    q = sharded.layers[0].attn.q_proj.kernel[...]
+    assert q.sharding.mesh.shape == mesh.shape
+    assert not q.sharding.is_fully_replicated
+    assert_same_params(model, sharded)

@@ -7,12 +7,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
 
 from sao.models import hf  # noqa: E402
 from sao.models.config import ModelConfig  # noqa: E402
 from sao.models.tokenizer import ByteTokenizer  # noqa: E402
-from sao.models.transformer import Transformer  # noqa: E402
 
 TOL = 1e-4
 _SHAPE = dict(vocab_size=272, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -27,13 +25,9 @@ CONFIGS = {
 
 
 def random_model(cfg, seed):
-    """A model whose every parameter (norm scales included) is random, so a
-    mis-mapped tensor cannot hide behind an all-ones or all-zeros value."""
-    model = Transformer(cfg, rngs=nnx.Rngs(seed))
-    rng = np.random.default_rng(seed)
-    params = {p: (w + rng.normal(0, 0.1, w.shape)).astype(np.float32)
-              for p, w in hf.model_params(model).items()}
-    return hf.build_model(cfg, params)
+    """Every parameter random (norm scales 1 + noise): a mis-mapped tensor
+    cannot hide behind an all-ones or all-zeros value."""
+    return hf.build_model(cfg, hf.random_params(cfg, seed))
 
 
 def tokens(seed=0):
