@@ -29,10 +29,12 @@ code unsandboxed. The guarantees are proven by tests/envs/test_sandbox.py
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import math
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -162,6 +164,7 @@ class _UidPool:
 
     def __init__(self, base: int = 1_000_000, slots: int = 256):
         self._base, self._slots = base, slots
+        self.slots = slots
         self._free = list(range(slots))
         self._lock = threading.Lock()
 
@@ -198,6 +201,23 @@ def _probe() -> str | None:
     if proc.returncode != 0:
         return ("cannot create network/PID/mount namespaces (needs root or CAP_SYS_ADMIN): "
                 + proc.stderr.decode(errors="replace").strip())
+    # The whole chain once (mounts, limits, uid drop, this interpreter readable).
+    workdir = tempfile.mkdtemp(prefix="sao-sandbox-probe-")
+    uid = _UIDS.acquire()
+    try:
+        _write_files(workdir, "print('sandbox ok')", {})
+        proc = subprocess.run(_command(workdir, uid, SandboxLimits(timeout_s=30), sys.executable),
+                              capture_output=True, timeout=60, check=False, env=_SANDBOX_ENV,
+                              start_new_session=True)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the sandbox probe failed: {e}"
+    finally:
+        _UIDS.release(uid)
+        shutil.rmtree(workdir, ignore_errors=True)
+    if proc.stdout != b"sandbox ok\n":
+        return ("the sandbox probe did not run (mount/prlimit/setpriv, or the interpreter "
+                f"{sys.executable} is not readable by an unprivileged uid): "
+                + proc.stderr.decode(errors="replace").strip()[-500:])
     return None
 
 
@@ -217,34 +237,23 @@ def _command(workdir: str, uid: int, limits: SandboxLimits, python: str) -> list
     ]
 
 
-async def _read_capped(stream: asyncio.StreamReader, cap: int, over: asyncio.Event) -> bytes:
-    """Reads until EOF or until more than ``cap`` bytes arrived (then sets ``over``)."""
-    chunks, size = [], 0
-    while True:
-        chunk = await stream.read(65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            over.set()
-            break
-    return b"".join(chunks)[:cap]
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to the run's process group: ``unshare`` dies, ``--kill-child``
+    kills the namespace's init, and the kernel kills the rest of the namespace."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
 
 
-async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
-                           limits: SandboxLimits | None = None,
-                           files: Mapping[str, str | bytes] | None = None,
-                           stdin: str | None = None,
-                           python: str | None = None) -> ToolResult:
+def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+               limits: SandboxLimits | None = None,
+               files: Mapping[str, str | bytes] | None = None,
+               stdin: str | None = None, python: str | None = None) -> ToolResult:
     """Runs ``code`` as ``main.py`` in a fresh sandbox (see module docstring).
+
+    Blocking; safe to call from many threads at once. From asyncio use
+    ``await run_python_async(...)``.
 
     Args:
       code: Python source text.
@@ -254,7 +263,8 @@ async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int 
       files: extra files for the working directory, ``{relative name: content}``.
       stdin: text fed to the program's stdin (default: empty).
       python: interpreter path (default: this process's, so installed packages
-        such as numpy / sympy are importable).
+        such as numpy / sympy are importable; it must be readable by an
+        unprivileged uid).
 
     Returns a ``ToolResult``; hostile or broken code is reported in it, never
     raised. Raises SandboxUnavailableError if namespaces are not allowed here,
@@ -271,52 +281,106 @@ async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int 
     uid = _UIDS.acquire()
     try:
         _write_files(workdir, code, files or {})
-        proc = await asyncio.create_subprocess_exec(
-            *_command(workdir, uid, limits, python or sys.executable),
+        proc = subprocess.Popen(
+            _command(workdir, uid, limits, python or sys.executable),
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=_SANDBOX_ENV, start_new_session=True)
         try:
-            return await _communicate(proc, limits, stdin, start)
+            return _collect(proc, limits, stdin, start)
         finally:
-            if proc.returncode is None:
+            if proc.poll() is None:
                 _kill_group(proc)
-                await proc.wait()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
     finally:
         _UIDS.release(uid)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _communicate(proc, limits: SandboxLimits, stdin: str | None,
-                       start: float) -> ToolResult:
-    over = asyncio.Event()
+def _collect(proc: subprocess.Popen, limits: SandboxLimits, stdin: str | None,
+             start: float) -> ToolResult:
+    """Feeds stdin, reads both outputs up to the cap, enforces the deadline."""
+    deadline = start + limits.timeout_s
     cap = limits.max_output_bytes
-    out_task = asyncio.ensure_future(_read_capped(proc.stdout, cap, over))
-    err_task = asyncio.ensure_future(_read_capped(proc.stderr, cap, over))
-    if stdin is not None:
+    out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    pending = memoryview(stdin.encode()) if stdin is not None else None
+    timed_out = truncated = False
+    with selectors.DefaultSelector() as sel:
+        for fd in out:
+            sel.register(fd, selectors.EVENT_READ)
+        if pending is not None:
+            if len(pending):
+                os.set_blocking(proc.stdin.fileno(), False)
+                sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+        while sel.get_map() and not truncated:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(remaining):
+                fd = key.fd
+                if fd in out:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        sel.unregister(fd)
+                        continue
+                    out[fd] += chunk
+                    truncated = truncated or len(out[fd]) > cap
+                    continue
+                try:                                   # stdin is writable
+                    pending = pending[os.write(fd, pending):]
+                except BrokenPipeError:
+                    pending = pending[:0]
+                if not len(pending):
+                    sel.unregister(fd)
+                    proc.stdin.close()
+    # The outputs ended; a program may still run (e.g. it closed them).
+    if not timed_out and not truncated:
         try:
-            proc.stdin.write(stdin.encode())
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        proc.stdin.close()
-    over_task = asyncio.ensure_future(over.wait())
-    streams = asyncio.gather(out_task, err_task)
-    done, _ = await asyncio.wait({streams, over_task}, timeout=limits.timeout_s,
-                                 return_when=asyncio.FIRST_COMPLETED)
-    timed_out = not done
-    killed = timed_out or over.is_set()
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    killed = timed_out or truncated
     if killed:
         _kill_group(proc)
-    exit_code = await proc.wait()
-    stdout, stderr = await streams
-    over_task.cancel()
-    return ToolResult(
-        stdout=stdout.decode("utf-8", errors="replace"),
-        stderr=stderr.decode("utf-8", errors="replace"),
-        exit_code=None if killed else exit_code,
-        timed_out=timed_out, truncated=over.is_set(),
-        duration_s=time.monotonic() - start)
+    exit_code = proc.wait()
+    stdout, stderr = (bytes(b[:cap]).decode("utf-8", errors="replace") for b in out.values())
+    return ToolResult(stdout=stdout, stderr=stderr, exit_code=None if killed else exit_code,
+                      timed_out=timed_out, truncated=truncated,
+                      duration_s=time.monotonic() - start)
+
+
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(
+                max_workers=_UIDS.slots, thread_name_prefix="sao-sandbox")
+        return _EXECUTOR
+
+
+async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+                           limits: SandboxLimits | None = None,
+                           files: Mapping[str, str | bytes] | None = None,
+                           stdin: str | None = None,
+                           python: str | None = None) -> ToolResult:
+    """``run_python`` for asyncio: runs it on a dedicated thread pool (as many
+    threads as uid slots), so many episodes' tools run at once without
+    blocking the event loop. Same arguments, result and errors. A cancelled
+    caller does not stop the run early; it still ends by its own limits.
+    """
+    call = functools.partial(run_python, code, timeout_s=timeout_s, memory_mb=memory_mb,
+                             limits=limits, files=files, stdin=stdin, python=python)
+    return await asyncio.get_running_loop().run_in_executor(_executor(), call)
 
 
 def _write_files(workdir: str, code: str, files: Mapping[str, str | bytes]) -> None:
@@ -329,17 +393,3 @@ def _write_files(workdir: str, code: str, files: Mapping[str, str | bytes]) -> N
         mode = "wb" if isinstance(content, bytes) else "w"
         with open(path, mode) as f:
             f.write(content)
-
-
-def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
-               limits: SandboxLimits | None = None,
-               files: Mapping[str, str | bytes] | None = None,
-               stdin: str | None = None, python: str | None = None) -> ToolResult:
-    """Blocking ``run_python_async`` (same arguments, result and errors).
-
-    Safe to call from any thread; inside a running event loop use
-    ``await run_python_async(...)`` instead.
-    """
-    return asyncio.run(run_python_async(
-        code, timeout_s=timeout_s, memory_mb=memory_mb, limits=limits, files=files,
-        stdin=stdin, python=python))

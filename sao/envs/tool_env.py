@@ -101,7 +101,7 @@ class ToolEnv(Env):
         return self._tool_done(run_python(pending, limits=self.config.sandbox_limits))
 
     async def astep(self, action_text: str) -> StepResult:
-        """``step`` for asyncio callers: the tool runs as an asyncio subprocess."""
+        """``step`` for asyncio callers: grading and the tool run off the event loop."""
         pending = await asyncio.to_thread(self._begin, action_text)
         if isinstance(pending, StepResult):
             return pending

@@ -77,6 +77,10 @@ def test_runs_code_and_reports_exit_status():
     assert ok.ok and ok.stdout == "cba\n"
     files = run_python("print(open('data/x.txt').read())", files={"data/x.txt": "hi"})
     assert files.stdout == "hi\n"
+    big = run_python("import sys\nprint(len(sys.stdin.read()))", stdin="x" * 300_000)
+    assert big.ok and big.stdout == "300000\n"            # larger than a pipe buffer
+    deaf = run_python("print('no read')", stdin="y" * 300_000)
+    assert deaf.ok and deaf.stdout == "no read\n"        # a program ignoring stdin
 
 
 def test_runs_as_unprivileged_uid_in_fresh_namespaces():
@@ -215,6 +219,12 @@ def test_memory_bomb_is_contained():
 def test_infinite_loop_times_out():
     res = run_python("while True:\n    pass\n", timeout_s=1.0)
     assert res.timed_out and res.exit_code is None and res.duration_s < 5.0
+    assert_no_leftovers()
+
+
+def test_program_that_closes_its_output_still_times_out():
+    res = run_python("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(100)\n", timeout_s=1.0)
+    assert res.timed_out and res.exit_code is None
     assert_no_leftovers()
 
 
