@@ -20,6 +20,8 @@ from sao.rpc import codec
 from .helpers import VOCAB, good_trajectory, prompts
 from .test_faults import FakeLink
 
+pytestmark = pytest.mark.slow  # compiles the learner's steps (~15 s of CPU)
+
 B = 4
 CFG = LearnerConfig(batch_size=B, length_buckets=(64,), critic_warmup_steps=1,
                     actor_lr=1e-2, critic_lr=1e-2, shard_check="off")

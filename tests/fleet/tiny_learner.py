@@ -1,9 +1,10 @@
 """A tiny deterministic learner for fleet tests: a unigram softmax policy
 (``logits: f32[V]``) trained with a DIS-shaped loss (ALGORITHM.md §4, with a
 wide ratio band (1e-3, 1e3) because the simulated engine's log-probs are far
-from a uniform policy) on ``reward - mean reward`` advantages. Stands in for the project learner in
-replay and fuzz tests: what matters here is that it is deterministic and
-that bad trajectories would poison it (NaN) if they got through."""
+from a uniform policy) on ``reward - mean reward`` advantages. A fast stand-in for the project
+learner where a test runs it many times (hypothesis examples); what matters is
+that it is deterministic and that bad trajectories would poison it (NaN) if
+they got through. test_learner_integration.py uses the real SAO update."""
 from __future__ import annotations
 
 import jax

@@ -11,7 +11,22 @@ from cryptography.x509.oid import NameOID
 
 from sao.rpc import auth, sao_pb2, sao_pb2_grpc
 
-from fleet.helpers import sim_worker, prompts, VOCAB
+from sao.fleet import sim
+from sao.fleet.local import ThreadedWorker
+from sao.fleet.worker import WorkerConfig
+
+VOCAB = 272
+
+
+def sim_worker(security):
+    def make():
+        engine = sim.SimulatedEngine(seconds_per_token=1e-4)
+        return engine, sim.make_sim_episode_fn(engine)
+    return ThreadedWorker(make, WorkerConfig(max_concurrency=16, security=security))
+
+
+def prompts(n):
+    return [{"prompt_id": f"p{i}", "length": 8} for i in range(n)]
 
 TOKEN = "s3cret-token"
 
