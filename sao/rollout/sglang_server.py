@@ -45,7 +45,8 @@ class SGLangServer:
       host, port: where it listens (default a free port on 127.0.0.1).
       log_path: file receiving the server's stdout+stderr (default beside nothing:
         ``/tmp/sglang-<port>.log``).
-      env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for sgl_jax).
+      env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for sgl_jax);
+        the caller's ``XLA_FLAGS`` are not passed on unless given here.
       ready_timeout_s: how long ``start`` waits for readiness.
     """
 
@@ -86,11 +87,13 @@ class SGLangServer:
         not ready within ``ready_timeout_s``; the process group is then stopped.
         """
         if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError("server already running")
+            raise RuntimeError(f"server already running (pid {self.proc.pid})")
+        # The client's XLA_FLAGS (e.g. 8 fake CPU devices in tests) are not the server's.
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env}, start_new_session=True)
+                env={**env, **self.env}, start_new_session=True)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -105,7 +108,7 @@ class SGLangServer:
         raise RuntimeError(f"SGLang server not ready after {self.ready_timeout_s} s:\n{tail}")
 
     def stop(self) -> None:
-        """Ends the server's process group (idempotent, never raises)."""
+        """Ends the server's process group and reaps the server (idempotent, never raises)."""
         proc = self.proc
         if proc is None:
             return
@@ -115,12 +118,17 @@ class SGLangServer:
             except ProcessLookupError:
                 break
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(proc.pid):
-                proc.poll()
+            while time.monotonic() < deadline:
+                if proc.poll() is not None and not _group_alive(proc.pid):
+                    break
                 time.sleep(0.2)
-            if not _group_alive(proc.pid):
-                break
-        proc.poll()
+            else:
+                continue  # still alive: escalate
+            break
+        try:
+            proc.wait(timeout=10.0)
+        except subprocess.TimeoutExpired:
+            pass
 
     def restart(self, model_path: str | None = None) -> None:
         """Stops the server and starts it again, on ``model_path`` if given."""
