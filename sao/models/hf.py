@@ -183,9 +183,11 @@ def params_from_hf(cfg: ModelConfig, state: Mapping[str, np.ndarray]) -> dict[tu
     """HF tensors -> ``{our param path: array}`` (numpy, dtype unchanged).
 
     Raises ValueError naming missing or unexpected tensors. A ``lm_head.weight``
-    next to tied embeddings must equal the embedding (checked) and is dropped.
+    next to tied embeddings must equal the embedding (checked) and is dropped;
+    ``rotary_emb.inv_freq`` buffers are ignored.
     """
-    state = dict(state)
+    # Older Llama checkpoints carry the RoPE buffer; it is recomputed, not loaded.
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if cfg.tie_word_embeddings and "lm_head.weight" in state:
         head = state.pop("lm_head.weight")
         if not np.array_equal(np.asarray(head), np.asarray(state.get("model.embed_tokens.weight"))):

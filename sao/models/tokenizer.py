@@ -105,9 +105,8 @@ class ByteTokenizer:
         """The same tokenizer as a ``tokenizers.Tokenizer`` (byte-level BPE
         without merges, specials as added tokens 256..264), so that HF tools
         (transformers, SGLang) can load a tiny model's ``tokenizer.json``."""
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
         from gguf import bytes_to_unicode  # GPT-2's byte -> printable character table
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
         byte_char = bytes_to_unicode()
         tok = Tokenizer(models.BPE(vocab={byte_char[b]: b for b in range(256)}, merges=[]))

@@ -105,6 +105,9 @@ def test_errors(tmp_path):
     bad["lm_head.weight"] = bad["model.embed_tokens.weight"] + 1
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         hf.params_from_hf(tied, bad)
+    good = hf.params_to_hf(tied, hf.random_params(tied, 0))
+    good["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
+    assert len(hf.params_from_hf(tied, good)) == len(hf.param_shapes(tied))
     hf_cfg = hf.config_to_hf(cfg)
     with pytest.raises(ValueError, match="model_type"):
         hf.config_from_hf({**hf_cfg, "model_type": "gpt2"})
