@@ -97,13 +97,30 @@ def _read(path: str | None) -> bytes | None:
     return None if path is None else pathlib.Path(path).read_bytes()
 
 
-def server_options() -> list[tuple[str, int]]:
+# HTTP/2 keepalive: a worker whose machine vanished without closing its TCP
+# connection is noticed within ~KEEPALIVE_MS + KEEPALIVE_TIMEOUT_MS and its
+# leases are re-issued. The server accepts pings at that rate.
+KEEPALIVE_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
+def _size_options() -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
 
 
+def server_options() -> list[tuple[str, int]]:
+    return _size_options() + [
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+        ("grpc.http2.max_ping_strikes", 0)]
+
+
 def channel_options(security: Security) -> list[tuple[str, object]]:
-    opts: list[tuple[str, object]] = list(server_options())
+    opts: list[tuple[str, object]] = _size_options() + [
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1)]
     if security.tls_server_name:
         opts.append(("grpc.ssl_target_name_override", security.tls_server_name))
     return opts
