@@ -9,14 +9,17 @@ from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
 from sao.fleet.local import ThreadedWorker
 from sao.fleet.worker import RolloutServicer, WorkerConfig
 from sao.rpc import sao_pb2
+from sao.rpc.auth import Security
 
 from .helpers import VOCAB, SubprocessWorker, good_trajectory, prompts, sim_workers, wait_until
 
 
 def test_sigkilled_worker_leases_reissued_restarted_worker_rejoins():
     ps = sim.lognormal_prompts(120, median=120, sigma=0.4, seed=3, max_len=400)
-    cfg = DispatcherConfig(batch_size=8, vocab_size=VOCAB, tau=1000, reconnect_s=0.1)
-    a, b = SubprocessWorker(), SubprocessWorker()
+    token = "fleet-secret"  # the workers read $SAO_FLEET_TOKEN
+    cfg = DispatcherConfig(batch_size=8, vocab_size=VOCAB, tau=1000, reconnect_s=0.1,
+                           security=Security(token=token))
+    a, b = SubprocessWorker(token=token), SubprocessWorker(token=token)
     try:
         with Dispatcher([a.address, b.address], ps, cfg) as d:
             trained = d.get_batch(timeout=60)
@@ -25,7 +28,7 @@ def test_sigkilled_worker_leases_reissued_restarted_worker_rejoins():
             trained += d.get_batch(timeout=60)
             wait_until(lambda: not d.snapshot()["workers"][a.address]["live"])
             assert d.snapshot()["reissued"] > 0
-            a = SubprocessWorker(port=a.port)  # restart on the same address
+            a = SubprocessWorker(port=a.port, token=token)  # restart on the same address
             wait_until(lambda: d.snapshot()["workers"][a.address]["connects"] == 2)
             before = d.snapshot()["workers"][a.address]["trajectories"]
             while batch := d.get_batch(timeout=60):
