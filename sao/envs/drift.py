@@ -25,6 +25,9 @@ from sao.envs.judges import Judge, RuleJudge, check_style
 from sao.envs.tool_env import EpisodeConfig, ToolEnv
 
 
+STYLE_CYCLE: tuple[str, ...] = ("bare", "sentence", "boxed")
+
+
 @dataclasses.dataclass(frozen=True)
 class DriftSchedule:
     """Which style is rewarded at each learner step.
@@ -62,6 +65,14 @@ class DriftSchedule:
     def style(self, step: int) -> str:
         return self.styles[self.phase(step)]
 
+    @classmethod
+    def cycling(cls, switch_steps: Sequence[int],
+                styles: Sequence[str] = STYLE_CYCLE) -> "DriftSchedule":
+        """A schedule switching at ``switch_steps`` through ``styles`` in turn
+        (``(150, 300)`` -> bare, sentence, boxed)."""
+        n = len(switch_steps) + 1
+        return cls(tuple(styles[i % len(styles)] for i in range(n)), tuple(switch_steps))
+
 
 class LearnerClock:
     """The learner step as the rollout worker knows it (thread-safe).
@@ -87,30 +98,32 @@ class DriftEnv(ToolEnv):
     """``ToolEnv`` whose reward is quality x style under a ``DriftSchedule``.
 
     Args:
-      task: a numeric-answer task (its grader judges quality).
+      tasks: one numeric-answer ``Task`` or ``{name: Task}`` (graders judge quality).
       schedule: the style schedule.
-      clock: returns the current learner step (e.g. a ``LearnerClock``).
-      judge: default ``RuleJudge(task)``; an ``OpenAIJudge`` may replace it
-        (a ``JudgeError`` then propagates: the agent loop records the episode
-        as ``finish="error"``).
+      clock: returns the current learner step (e.g. a ``LearnerClock``, or
+        ``lambda: engine.version``).
+      judge: one judge for every task; default a ``RuleJudge`` per task. An
+        ``OpenAIJudge`` raises ``JudgeError`` when it fails, which the agent
+        loop records as ``finish="error"``.
       config: ``EpisodeConfig`` (the tool stays available).
 
     ``info`` adds ``learner_step``, ``phase``, ``required_style``, ``quality``
     and ``style_ok`` to ToolEnv's; ``correct`` is the judge's quality.
     """
 
-    def __init__(self, task: Task, schedule: DriftSchedule, clock: Callable[[], int], *,
-                 judge: Judge | None = None, config: EpisodeConfig | None = None):
-        super().__init__(task, config)
-        self.task, self.schedule, self.clock = task, schedule, clock
-        self.judge = judge or RuleJudge(task)
+    def __init__(self, tasks: Task | Mapping[str, Task], schedule: DriftSchedule,
+                 clock: Callable[[], int], *, judge: Judge | None = None,
+                 config: EpisodeConfig | None = None):
+        super().__init__(tasks, config)
+        self.schedule, self.clock = schedule, clock
+        self.judges = {name: judge or RuleJudge(task) for name, task in self.tasks.items()}
 
     def reward_for(self, correct: float, answer: str, action_text: str) -> float:
         del correct, action_text
         step = int(self.clock())
         style = self.schedule.style(step)
         prompt = self._prompt
-        verdict = self.judge.judge(prompt["text"], answer, prompt["entry"], style)
+        verdict = self.judges[prompt["task"]].judge(prompt["text"], answer, prompt["entry"], style)
         self._info.update(learner_step=step, phase=self.schedule.phase(step),
                           required_style=style, quality=verdict.quality,
                           style_ok=verdict.style, correct=verdict.quality)

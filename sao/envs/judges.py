@@ -160,3 +160,15 @@ def parse_verdict(response_text: str) -> Verdict:
     if quality not in (0.0, 1.0) or style not in (0.0, 1.0):
         raise ValueError(f"judge scores must be 0 or 1, got {quality}, {style}")
     return Verdict(quality, style, content)
+
+
+def judge_from_spec(spec: str, *, model: str = "judge", api_key: str | None = None,
+                    timeout_s: float = 30.0) -> Judge | None:
+    """A judge from a config string: ``"rule"`` -> None (the drift env then
+    uses a ``RuleJudge`` per task); an ``http(s)://.../v1`` URL -> an
+    ``OpenAIJudge`` for ``model``. Raises ValueError on anything else."""
+    if spec == "rule":
+        return None
+    if spec.startswith(("http://", "https://")):
+        return OpenAIJudge(spec, model, api_key=api_key, timeout_s=timeout_s)
+    raise ValueError(f"judge must be 'rule' or an http(s) endpoint URL, got {spec!r}")

@@ -23,7 +23,7 @@ class ReasoningGymTask(Task):
 
     Args:
       dataset: reasoning-gym dataset name (``rg.create_dataset`` name).
-      size: number of generated items (>= 1).
+      size: number of generated items (>= 1; default 1000).
       seed: generation seed (same seed, same items).
       config: extra dataset config (difficulty ranges, ...), JSON-able.
       grader: ``"dataset"`` (the dataset's ``score_answer``) or ``"math_verify"``.
@@ -34,7 +34,7 @@ class ReasoningGymTask(Task):
     Raises ValueError on an unknown dataset or grader, or size < 1.
     """
 
-    def __init__(self, dataset: str, *, size: int, seed: int = 0,
+    def __init__(self, dataset: str, *, size: int = 1000, seed: int = 0,
                  config: Mapping[str, Any] | None = None, grader: str = "dataset",
                  name: str | None = None):
         if size < 1:
