@@ -12,8 +12,9 @@ with ``get_batch``; after each published step it calls ``push_weights``.
 
 Between a ``get_batch`` and the next ``push_weights`` (or ``get_batch``) the
 budget is one batch smaller: prompts issued then run on weights one version
-older than the learner's next step, so this keeps every accepted trajectory's
-lag <= tau. Synchronous RL is the same code with ``tau=0``: the budget is then
+older than the learner's next step, so a prompt that finishes promptly is
+trained within tau versions; only episodes that outlast tau learner steps are
+dropped as stale (the filter guarantees lag <= tau for all). Synchronous RL is the same code with ``tau=0``: the budget is then
 zero until the learner has pushed its new weights (and every worker has
 acknowledged them), so each batch of B prompts is generated entirely by the
 weights of the previous step and awaited as a whole (a barrier).
