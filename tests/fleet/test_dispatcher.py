@@ -149,3 +149,16 @@ def test_get_batch_times_out_without_workers():
     with Dispatcher([], prompts(2), DispatcherConfig(batch_size=2, vocab_size=VOCAB)) as d:
         with pytest.raises(TimeoutError):
             d.get_batch(timeout=0.2)
+
+
+@pytest.mark.parametrize("tau", [0, 1, 3])
+def test_budget_keeps_prompt_episodes_within_tau(tau):
+    # Instant episodes: every drop would come from the budget letting work run
+    # too far ahead of the learner, not from long episodes.
+    cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=tau)
+    with sim_workers(2, seconds_per_token=0.0) as ws, \
+            Dispatcher([w.address for w in ws], prompts(48, length=4), cfg) as d:
+        trained = drain(d)
+        m = d.snapshot()
+    assert len(trained) == 48 and m["drops"] == {}
+    assert max(m["staleness"]) <= tau
