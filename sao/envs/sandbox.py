@@ -163,8 +163,7 @@ class _UidPool:
     """
 
     def __init__(self, base: int = 1_000_000, slots: int = 256):
-        self._base, self._slots = base, slots
-        self.slots = slots
+        self._base, self.slots = base, slots
         self._free = list(range(slots))
         self._lock = threading.Lock()
 
@@ -172,13 +171,13 @@ class _UidPool:
         with self._lock:
             if not self._free:
                 raise RuntimeError(
-                    f"more than {self._slots} concurrent sandboxed runs in one process")
+                    f"more than {self.slots} concurrent sandboxed runs in one process")
             slot = self._free.pop()
-        return self._base + (os.getpid() % 10000) * self._slots + slot
+        return self._base + (os.getpid() % 10000) * self.slots + slot
 
     def release(self, uid: int) -> None:
         with self._lock:
-            self._free.append((uid - self._base) % self._slots)
+            self._free.append((uid - self._base) % self.slots)
 
 
 _UIDS = _UidPool()
