@@ -177,12 +177,12 @@ class Learner:
     def critic_values(self, states: LearnerStates, tokens) -> jax.Array:
         """Critic values f32[B, T] for tokens i32[B, T]."""
         with jax.set_mesh(self.mesh):
-            return self._critic_values(states.critic.params, tokens)
+            return self._critic_values(states.critic.params, jax.device_put(tokens, self._bs))
 
     def actor_logprobs(self, states: LearnerStates, tokens) -> jax.Array:
         """Policy log-probs f32[B, T] at ``cfg.temperature``."""
         with jax.set_mesh(self.mesh):
-            return self._actor_logprobs(states.actor.params, tokens)
+            return self._actor_logprobs(states.actor.params, jax.device_put(tokens, self._bs))
 
     def critic_step(self, critic: TrainState, inputs: dict) -> tuple[TrainState, dict]:
         """One critic update (`sao.learner.steps.critic_step`); donates ``critic``."""

@@ -111,17 +111,16 @@ def actor_logprobs(model_def: ModelDef, params, tokens: jax.Array, temperature) 
     return token_logprobs(model_def.merge(params), tokens, temperature=temperature)
 
 
-def critic_step(state: TrainState, inputs: dict, *, model_def: ModelDef, tx, trainable,
-                num_micro: int, value_clip: float):
-    """One critic update on ``0.5 (V - R)^2`` over action tokens (token mean).
+def critic_grads(params, inputs: dict, *, model_def: ModelDef, num_micro: int,
+                 value_clip: float):
+    """Value loss ``0.5 (V - R)^2`` (token mean over action tokens) and its
+    gradient, accumulated over ``num_micro`` micro-batches.
 
     Args:
-      state: critic `TrainState` (donated by the jitted wrapper).
       inputs: ``tokens i32[B, T]``, ``action_mask bool[B, T]``, ``returns
         f32[B, T]``, ``old_values f32[B, T]`` (for value clipping).
     Returns:
-      ``(state, metrics)``: ``value_loss``, ``grad_norm``, skip flags,
-      ``value_clip_fraction``, ``value_mean``, ``return_mean``.
+      ``((loss, aux), grads, count)`` with ``count`` the action-token count.
     """
     count = jnp.sum(inputs["action_mask"]).astype(jnp.float32)
 
@@ -133,20 +132,32 @@ def critic_step(state: TrainState, inputs: dict, *, model_def: ModelDef, tx, tra
         loss = algo.aggregate(per_tok, mb["action_mask"], "token-mean", global_token_count=count)
         return loss, _diag_to_aux(diag, jnp.sum(mb["action_mask"]).astype(jnp.float32))
 
-    (loss, aux), grads = accumulate_grads(loss_fn, state.params, inputs, num_micro)
+    (loss, aux), grads = accumulate_grads(loss_fn, params, inputs, num_micro)
+    return (loss, aux), grads, count
+
+
+def critic_step(state: TrainState, inputs: dict, *, model_def: ModelDef, tx, trainable,
+                num_micro: int, value_clip: float):
+    """One critic update (`critic_grads`, then `apply_update`).
+
+    Returns:
+      ``(state, metrics)``: ``value_loss``, ``grad_norm``, skip flags,
+      ``value_clip_fraction``, ``value_mean``, ``return_mean``.
+    """
+    (loss, aux), grads, count = critic_grads(state.params, inputs, model_def=model_def,
+                                             num_micro=num_micro, value_clip=value_clip)
     state, metrics = apply_update(state, grads, loss, tx, trainable)
     metrics.update(_finalise(aux, count), value_loss=loss)
     return state, metrics
 
 
-def actor_step(state: TrainState, ref_params, inputs: dict, *, model_def: ModelDef, tx,
-               trainable, num_micro: int, policy_loss: str, hparams: dict[str, Any],
-               agg_mode: str, temperature: float, kl_coef: float, kl_estimator: str,
-               entropy_coef: float):
-    """One actor update with a registry policy loss (ALGORITHM.md §4).
+def actor_grads(params, ref_params, inputs: dict, *, model_def: ModelDef, num_micro: int,
+                policy_loss: str, hparams: dict[str, Any], agg_mode: str, temperature: float,
+                kl_coef: float, kl_estimator: str, entropy_coef: float):
+    """Actor loss with a registry policy loss (ALGORITHM.md §4) and its
+    gradient, accumulated over ``num_micro`` micro-batches.
 
     Args:
-      state: actor `TrainState` (donated by the jitted wrapper).
       ref_params: reference policy params for the KL term, or None.
       inputs: ``tokens``, ``policy_mask bool[B, T]`` (action tokens that enter
         the policy loss), ``advantages f32[B, T]``, ``rollout_logprobs f32[B, T]``.
@@ -154,10 +165,9 @@ def actor_step(state: TrainState, ref_params, inputs: dict, *, model_def: ModelD
         ``rollout_logprobs``; other losses against the learner's policy at the
         start of the step (one update per step, so this is ``sg(log pi_theta)``
         from the same forward pass).
+      agg_mode: `sao.algo.aggregate` mode, normalised by global counts.
     Returns:
-      ``(state, metrics)``: ``policy_loss``, ``loss``, ``grad_norm``,
-      ``entropy``, ``kl`` (when enabled), loss diagnostics (mask fractions,
-      ratio statistics), skip flags.
+      ``((loss, aux), grads, count)`` with ``count`` the policy-token count.
     """
     loss_fn_reg = algo.get_policy_loss(policy_loss)
     mask_all = inputs["policy_mask"]
@@ -179,12 +189,11 @@ def actor_step(state: TrainState, ref_params, inputs: dict, *, model_def: ModelD
         per_tok, diag = loss_fn_reg(logp, behaviour, mb["advantages"], mask, **kw)
         pg = algo.aggregate(per_tok, mask, agg_mode, **agg)
         n = jnp.sum(mask).astype(jnp.float32)
-        ent_sum = jnp.sum(jnp.where(mask, ent, 0.0))
         loss = pg
         if entropy_coef:
             loss = loss - entropy_coef * algo.aggregate(ent, mask, agg_mode, **agg)
         aux = _diag_to_aux(diag, n)
-        aux["sum"]["entropy"] = jax.lax.stop_gradient(ent_sum)
+        aux["sum"]["entropy"] = jax.lax.stop_gradient(jnp.sum(jnp.where(mask, ent, 0.0)))
         aux["sum"]["policy_loss"] = jax.lax.stop_gradient(pg) * count
         if ref_params is not None and kl_coef:
             ref_lp = jax.lax.stop_gradient(
@@ -194,7 +203,19 @@ def actor_step(state: TrainState, ref_params, inputs: dict, *, model_def: ModelD
             aux["sum"]["kl"] = jax.lax.stop_gradient(jnp.sum(kl))
         return loss, aux
 
-    (loss, aux), grads = accumulate_grads(loss_fn, state.params, inputs, num_micro)
+    (loss, aux), grads = accumulate_grads(loss_fn, params, inputs, num_micro)
+    return (loss, aux), grads, count
+
+
+def actor_step(state: TrainState, ref_params, inputs: dict, *, tx, trainable, **kw):
+    """One actor update (`actor_grads` with ``**kw``, then `apply_update`).
+
+    Returns:
+      ``(state, metrics)``: ``policy_loss``, ``loss``, ``grad_norm``,
+      ``entropy``, ``kl`` (when enabled), loss diagnostics (mask fractions,
+      ratio statistics), ``num_policy_tokens``, skip flags.
+    """
+    (loss, aux), grads, count = actor_grads(state.params, ref_params, inputs, **kw)
     state, metrics = apply_update(state, grads, loss, tx, trainable)
     metrics.update(_finalise(aux, count), loss=loss, num_policy_tokens=count)
     return state, metrics
