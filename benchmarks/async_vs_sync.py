@@ -30,9 +30,10 @@ from sao.fleet.local import ThreadedWorker
 from sao.fleet.worker import WorkerConfig
 
 
-def run_mode(make_fleet, prompts, *, tau, steps, batch_size, train_s):
+def run_mode(make_fleet, prompts, *, tau, steps, batch_size, train_s, max_in_flight=None):
     """One run on a fresh fleet (engines start at version 0)."""
-    cfg = DispatcherConfig(batch_size=batch_size, vocab_size=272, tau=tau)
+    cfg = DispatcherConfig(batch_size=batch_size, vocab_size=272, tau=tau,
+                           max_in_flight=max_in_flight)
     workers = make_fleet()
     t0 = time.perf_counter()
     with Dispatcher([w.address for w in workers], prompts, cfg) as d:
@@ -64,6 +65,8 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--concurrency", type=int, default=64, help="episodes per worker")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max_in_flight", type=int, default=None,
+                   help="async in-flight + buffered cap (default (tau+1)*batch_size)")
     args = p.parse_args()
 
     n = args.steps * args.batch_size * 3  # async drops some stale ones: spare prompts
@@ -81,7 +84,7 @@ def main():
 
     common = dict(steps=args.steps, batch_size=args.batch_size, train_s=args.train_s)
     sync = run_mode(make_fleet, prompts, tau=0, **common)
-    asyn = run_mode(make_fleet, prompts, tau=args.tau, **common)
+    asyn = run_mode(make_fleet, prompts, tau=args.tau, max_in_flight=args.max_in_flight, **common)
 
     ratio = sync["wall_s"] / asyn["wall_s"]
     print(f"lengths: median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f} "
@@ -92,7 +95,7 @@ def main():
     print(f"async speed-up {ratio:.2f}x")
     print(json.dumps({
         "benchmark": "async_vs_sync", "steps": args.steps, "batch_size": args.batch_size,
-        "tau": args.tau, "train_s": args.train_s, "seconds_per_token": args.seconds_per_token,
+        "tau": args.tau, "max_in_flight": args.max_in_flight, "train_s": args.train_s, "seconds_per_token": args.seconds_per_token,
         "p99_over_p50": round(tail, 2), "sync_s": round(sync["wall_s"], 3),
         "async_s": round(asyn["wall_s"], 3), "speedup": round(ratio, 2),
         "sync_idle_fraction": round(sync["idle_fraction"], 4),
