@@ -18,10 +18,13 @@ pytestmark = pytest.mark.skipif(
     not sandbox.sandbox_available(), reason=f"sandbox unavailable: {sandbox._probe()}")
 
 UID_BASE = sandbox._UIDS._base
+# The uids this test process hands out (other processes' sandboxes use other blocks).
+OUR_UIDS = range(UID_BASE + (os.getpid() % 10000) * sandbox._UIDS.slots,
+                 UID_BASE + (os.getpid() % 10000 + 1) * sandbox._UIDS.slots)
 
 
 def sandbox_pids():
-    """Pids of live processes owned by sandbox uids (anywhere on the machine)."""
+    """Pids of live processes (anywhere on the machine) owned by our sandbox uids."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -30,7 +33,7 @@ def sandbox_pids():
             with open(f"/proc/{entry}/status") as f:
                 for line in f:
                     if line.startswith("Uid:"):
-                        if int(line.split()[1]) >= UID_BASE:
+                        if int(line.split()[1]) in OUR_UIDS:
                             pids.append(int(entry))
                         break
         except OSError:
@@ -87,7 +90,7 @@ def test_runs_as_unprivileged_uid_in_fresh_namespaces():
     res = run_python("import os\nprint(os.getuid(), os.getgid(), os.getgroups(), os.getpid())\n"
                      "print(sorted(os.listdir('.')), os.getcwd())")
     uid, gid, _, _ = res.stdout.split("\n")[0].split(" ", 3)
-    assert int(uid) >= UID_BASE and int(gid) == int(uid)
+    assert int(uid) in OUR_UIDS and int(gid) == int(uid)
     assert "[] " in res.stdout.split("\n")[0]            # no supplementary groups
     assert res.stdout.split("\n")[1] == "['main.py'] /tmp"
 
@@ -245,10 +248,20 @@ def test_huge_output_is_capped():
 def test_concurrent_async_runs_overlap_with_distinct_uids():
     code = "import os, time\nt0 = time.time()\ntime.sleep(1.0)\nprint(os.getuid(), t0, time.time())"
 
+    seen_running = []
+
+    async def watch(runs):
+        while not runs.done():                  # positive control for sandbox_pids()
+            seen_running.append(len(sandbox_pids()))
+            await asyncio.sleep(0.05)
+
     async def many():
-        return await asyncio.gather(*(run_python_async(code) for _ in range(4)))
+        runs = asyncio.gather(*(run_python_async(code) for _ in range(4)))
+        await watch(runs)
+        return await runs
 
     results = asyncio.run(many())
+    assert max(seen_running) >= 4             # the scan sees live sandboxed programs
     rows = [r.stdout.split() for r in results]
     assert all(r.ok for r in results), results
     uids = {int(r[0]) for r in rows}
