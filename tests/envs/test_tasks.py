@@ -6,12 +6,19 @@ import pytest
 
 from sao.envs import base, sandbox
 from sao.envs.humaneval import HumanEvalTask, build_program, load_problems
+from sao.envs import math_grader
 from sao.envs.math_grader import math_verify_score
 from sao.envs.reasoning import MathTask, ReasoningGymTask
 from sao.envs.tool_env import EpisodeConfig, ToolEnv
 
 needs_sandbox = pytest.mark.skipif(not sandbox.sandbox_available(),
                                    reason="sandbox unavailable here")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_grading_pool():
+    yield
+    math_grader.shutdown()                  # the spawned math-verify workers
 
 
 @pytest.fixture(scope="module")
