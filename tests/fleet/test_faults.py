@@ -181,3 +181,9 @@ def test_load_state_dict_after_start_refused():
     with Dispatcher([], [], DispatcherConfig(batch_size=1, vocab_size=VOCAB)) as d:
         with pytest.raises(RuntimeError, match="before start"):
             d.load_state_dict(d.state_dict())
+
+
+def test_worker_process_stops_cleanly_on_sigterm():
+    w = SubprocessWorker()
+    w.stop()  # SIGTERM
+    assert w.proc.returncode == 0
