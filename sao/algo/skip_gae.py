@@ -18,11 +18,23 @@ rewards are never lost). A reward before the first action token of its row
 ignored, and :func:`relocate_rewards` returns how many such rewards each row
 had so the caller can count them.
 
-Two implementations of the same recurrence, selected by ``method``:
+Implementation: the whole computation (reward relocation and the jump to the
+next action token's value included) is one affine recurrence over *all*
+positions, carried backward::
 
-* ``"scan"``: reverse ``jax.lax.scan`` over time (O(T) sequential steps);
-* ``"associative"``: ``jax.lax.associative_scan`` over the affine recurrence
-  ``G_t = a_t * G_{t+1} + b_t`` (O(log T) depth).
+    H_T = gamma * bootstrap
+    H_t = H_{t+1} + r_t                                       (t not an action)
+    H_t = gamma*lam * H_{t+1} + gamma*lam*r_t + gamma*(1-lam)*V(t)   (action)
+    A_t = r_t - V(t) + H_{t+1}                                (action tokens)
+
+``H_t`` is ``gamma*V(t') + gamma*lam*A(t')`` of the next action token ``t'``
+at or after t, plus the rewards waiting on observation tokens before it. Two
+solvers of that recurrence, selected by ``method`` (same results to f32
+rounding; benchmarks/gae.py compares their speed):
+
+* ``"associative"`` (default): ``jax.lax.associative_scan`` over the affine maps
+  ``x -> a_t x + b_t`` (O(log T) depth);
+* ``"scan"``: reverse ``jax.lax.scan`` over time (O(T) sequential steps).
 """
 from __future__ import annotations
 
@@ -35,7 +47,7 @@ import jax.numpy as jnp
 from sao.algo.masked import as_f32, as_mask
 
 Array = jax.Array
-GAE_METHODS = ("scan", "associative")
+GAE_METHODS = ("associative", "scan")
 
 
 def _affine_combine(later, earlier):
@@ -111,47 +123,37 @@ def _relocate_core(r, m):
     return jnp.where(m, pending, 0.0), num_unassigned
 
 
+def _gae_recurrence(r, v, m, gamma, lam, bootstrap):
+    """Coefficients ``(a, b)`` of ``H_t = a_t H_{t+1} + b_t`` (module doc)."""
+    gl = gamma * lam
+    a = jnp.where(m, gl, 1.0)
+    b = jnp.where(m, gl * r + (gamma - gl) * v, r)
+    # Boundary H_T = gamma * bootstrap, folded into the last step.
+    last = a[:, -1:] * gamma * bootstrap
+    b = jnp.concatenate([b[:, :-1], b[:, -1:] + last], axis=1)
+    return a, b
+
+
+def _advantages_from_h(r, v, m, h, gamma, bootstrap):
+    h_next = jnp.concatenate([h[:, 1:], gamma * bootstrap], axis=1)
+    return jnp.where(m, r - v + h_next, 0.0)
+
+
 def _gae_associative(r, v, m, gamma, lam, bootstrap):
-    # Pass 1, one scan for two recurrences sharing the coefficient 1 - m_{t+1}
-    # (position T counts as an action token whose value is the bootstrap):
-    #   next_value_t = V(next action token after t)
-    #   pending_t    = r_t + rewards up to the next action token (relocation)
-    m_next = jnp.concatenate([m[:, 1:], jnp.ones_like(m[:, :1])], axis=1)
-    v_after = jnp.concatenate([jnp.where(m, v, 0.0)[:, 1:], bootstrap], axis=1)
-    a = jnp.where(m_next, 0.0, 1.0)
-    b_value = jnp.where(m_next, v_after, 0.0)
-    _, next_value, pending = jax.lax.associative_scan(
-        _affine_combine2, (a, b_value, r), reverse=True, axis=1)
-    # Pass 2: A_t = delta_t + gamma lam A_next on action tokens, carried over others.
-    delta = jnp.where(m, pending + gamma * next_value - v, 0.0)
-    decay = jnp.where(m, gamma * lam, 1.0)
-    return jnp.where(m, _reverse_affine_scan(decay, delta), 0.0)
+    a, b = _gae_recurrence(r, v, m, gamma, lam, bootstrap)
+    return _advantages_from_h(r, v, m, _reverse_affine_scan(a, b), gamma, bootstrap)
 
 
-def _affine_combine2(later, earlier):
-    """:func:`_affine_combine` for two right-hand sides sharing one coefficient."""
-    a1, b1, c1 = later
-    a2, b2, c2 = earlier
-    return a1 * a2, a2 * b1 + b2, a2 * c1 + c2
+def _gae_scan(r, v, m, gamma, lam, bootstrap, unroll: int = 16):
+    a, b = _gae_recurrence(r, v, m, gamma, lam, bootstrap)
 
+    def step(h_next, ab):
+        h = ab[0] * h_next + ab[1]
+        return h, h
 
-def _gae_scan(r, v, m, gamma, lam, bootstrap, unroll: int = 8):
-    gl = (gamma * lam)[:, 0]  # [B]
-    g = jnp.broadcast_to(gamma, (r.shape[0], 1))[:, 0]
-
-    def step(carry, xs):
-        adv_next, v_next, pending = carry
-        r_t, v_t, m_t = xs
-        r_eff = r_t + pending
-        adv = r_eff + g * v_next - v_t + gl * adv_next
-        carry = (jnp.where(m_t, adv, adv_next), jnp.where(m_t, v_t, v_next),
-                 jnp.where(m_t, 0.0, r_eff))
-        return carry, jnp.where(m_t, adv, 0.0)
-
-    init = (jnp.zeros_like(bootstrap[:, 0]), bootstrap[:, 0], jnp.zeros_like(bootstrap[:, 0]))
-    _, adv_t = jax.lax.scan(step, init, (r.T, jnp.where(m, v, 0.0).T, m.T),
-                            reverse=True, unroll=unroll)
-    return adv_t.T
+    _, h_t = jax.lax.scan(step, jnp.zeros_like(bootstrap[:, 0]), (a.T, b.T),
+                          reverse=True, unroll=unroll)
+    return _advantages_from_h(r, v, m, h_t.T, gamma, bootstrap)
 
 
 def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
@@ -168,7 +170,8 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
       lam: GAE lambda, scalar or f32[B] (e.g. :func:`length_adaptive_lambda`).
       bootstrap_value: optional f32[B], V of the state after the last action
         token for truncated rows; None means 0 everywhere (terminal).
-      method: ``"associative"`` (parallel, default) or ``"scan"``.
+      method: ``"associative"`` (default) or ``"scan"``
+        (solvers of one recurrence, see module doc).
 
     Returns:
       ``(advantages, returns)``, both f32[B, T], zero off the action mask;
@@ -198,6 +201,7 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
 @functools.partial(jax.jit, static_argnames="method")
 def _gae_core(r, v, m, gamma, lam, bootstrap, method):
     # Jitted so that eager callers compile one program, not one per primitive.
+    v = jnp.where(m, v, 0.0)  # values off the mask are never read (may be NaN)
     impl = _gae_scan if method == "scan" else _gae_associative
     advantages = impl(r, v, m, gamma, lam, bootstrap)
     return advantages, jnp.where(m, advantages + v, 0.0)
