@@ -221,7 +221,7 @@ def test_memory_bomb_is_contained():
 
 def test_infinite_loop_times_out():
     res = run_python("while True:\n    pass\n", timeout_s=1.0)
-    assert res.timed_out and res.exit_code is None and res.duration_s < 5.0
+    assert res.timed_out and res.exit_code is None and 1.0 <= res.duration_s < 30.0
     assert_no_leftovers()
 
 
