@@ -94,7 +94,7 @@ class ToolEnv(Env):
                 f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
 
     def step(self, action_text: str) -> StepResult:
-        """Blocking step (the agent loop runs it in a worker thread)."""
+        """Blocking step (for callers without an event loop; the agent loop uses ``astep``)."""
         pending = self._begin(action_text)
         if isinstance(pending, StepResult):
             return pending
