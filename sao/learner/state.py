@@ -52,11 +52,16 @@ class ModelDef:
     graphdef: Any
     abstract_params: Any
 
-    def merge(self, params) -> nnx.Module:
-        """A module view over ``params`` (nested dict) for use inside jit."""
+    def param_state(self, params) -> nnx.State:
+        """``params`` (nested dict) as the model's ``nnx.State`` of ``nnx.Param``
+        (the layout ``sao.ckpt.publish`` writes and engines restore)."""
         state = jax.tree.map(lambda x: x, self.abstract_params)
         nnx.replace_by_pure_dict(state, params)
-        return nnx.merge(self.graphdef, state)
+        return state
+
+    def merge(self, params) -> nnx.Module:
+        """A module view over ``params`` (nested dict) for use inside jit."""
+        return nnx.merge(self.graphdef, self.param_state(params))
 
 
 def path_str(path) -> str:
