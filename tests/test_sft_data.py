@@ -35,13 +35,13 @@ def test_chain_sum_and_bad_args():
 def test_tokenized_masks_cover_actions_only():
   tok = ByteTokenizer()
   demo = sft.make_demonstration("Calculate 2 * 3.", "2 * 3", "6", use_tool=True)
-  arr = sft.tokenize_demonstrations([demo], tok, max_len=64)
+  arr = sft.tokenize_demonstrations([demo], tok, max_len=64, add_bos=True)
   n = int(arr.lengths[0])
   ids = arr.tokens[0, :n].tolist()
   assert ids[0] == tok.bos_id and (arr.tokens[0, n:] == tok.pad_id).all()
   acted = tok.decode([t for t, m in zip(ids, arr.loss_mask[0]) if m])
   assert acted == "<python>print(2 * 3)</python><answer>6</answer>"
   observed = tok.decode(ids[1:])
-  assert observed == "Calculate 2 * 3.\n<python>print(2 * 3)</python><output>6\n</output><answer>6</answer>"
+  assert observed == "Calculate 2 * 3.\n<python>print(2 * 3)</python><output>6</output><answer>6</answer>"
   with pytest.raises(ValueError, match="max_len"):
     sft.tokenize_demonstrations([demo], tok, max_len=10)

@@ -3,7 +3,7 @@
 A demonstration answers a prompt such as ``"Calculate 37 + 45 * 2."`` in one
 of two ways (byte-level tool format, docs/envs.md)::
 
-    tool:    <python>print(37 + 45 * 2)</python><output>127\n</output><answer>127</answer>
+    tool:    <python>print(37 + 45 * 2)</python><output>127</output><answer>127</answer>
     direct:  <answer>127</answer>
 
 Only a fraction ``tool_fraction`` of the demonstrations use the tool, chosen at
@@ -57,7 +57,13 @@ class Demonstration:
 
 
 def default_prompt_text(question: str) -> str:
-    """The prompt shown to the tiny policy: the question and a newline."""
+    """The prompt shown to the tiny policy: the question and a newline.
+
+    This is what ``sao.run.QuestionToolEnv.reset`` returns; the agent loop encodes
+    it without ``<bos>``, so demonstrations are tokenised without it too.
+    The observation ``<output>127</output>`` matches the agent loop's framing of
+    ``sao.envs.tools.render_tool_result`` (stdout without its final newline).
+    """
     return question + "\n"
 
 
@@ -70,7 +76,7 @@ def make_demonstration(question: str, expression: str, answer: str, *, use_tool:
     final = f"<answer>{value}</answer>"
     if use_tool:
         spans = ((f"<python>print({expression})</python>", True),
-                 (f"<output>{value}\n</output>", False),
+                 (f"<output>{value}</output>", False),
                  (final, True))
     else:
         spans = ((final, True),)
@@ -122,7 +128,7 @@ class SFTArrays:
     """Tokenised demonstrations, right-padded.
 
     Attributes:
-      tokens: i32[N, T] (``<bos>`` + prompt + response, then ``pad_id``).
+      tokens: i32[N, T] (prompt + response, then ``pad_id``; ``<bos>`` first if asked).
       loss_mask: bool[N, T], True on action tokens (the targets of the loss).
       lengths: i32[N] number of real tokens per row.
       uses_tool: bool[N].
@@ -135,7 +141,7 @@ class SFTArrays:
 
 
 def tokenize_demonstrations(demos: Sequence[Demonstration], tokenizer, *, max_len: int,
-                            add_bos: bool = True) -> SFTArrays:
+                            add_bos: bool = False) -> SFTArrays:
     """Token ids and action masks of demonstrations (token-in/token-out layout).
 
     Raises ValueError if a demonstration is longer than ``max_len`` tokens.

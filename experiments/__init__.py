@@ -1,0 +1,1 @@
+"""Experiment configurations: one ``get_config(arg)`` file per run the paper reports."""

@@ -1,0 +1,258 @@
+"""Shared defaults of every experiment: SAO as the paper runs it (arXiv 2607.07508).
+
+Experiment files call :func:`base` and state only what differs, then
+:func:`finalize` (derived values, lock). Groups, one per subsystem:
+
+* ``model``      which policy / critic network and how it is placed on devices;
+* ``learner``    actor-side keys of ``sao.learner.LearnerConfig`` (batch, advantages, loss, actor optimiser);
+* ``critic``     critic-side keys of ``LearnerConfig`` (K, warm-up, frozen attention, value pretraining);
+* ``rollout``    engine, sampling, fleet size, staleness bound, weight pushes;
+* ``env``        tasks, tool format and sandbox limits;
+* ``data``       prompt splits and seeds;
+* ``sft``        optional warm start by supervised fine-tuning on demonstrations;
+* ``eval``       held-out evaluation;
+* ``checkpoint`` orbax checkpoints and fleet publishes;
+* ``run``        total steps, logging.
+
+``learner`` and ``critic`` together are exactly ``LearnerConfig``'s keys
+(``sao.run.learner_config(cfg)`` merges them). ``model.preset`` names a
+``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
+by an SGLang fleet (``rollout.engine = "sglang"``) on TPU / GPU meshes.
+"""
+from __future__ import annotations
+
+import ml_collections
+
+# Full-scale settings of the paper's main run (Qwen3-30B-A3B, math with a Python tool).
+PAPER_BATCH = 128          # trajectories per learner step, one per prompt
+PAPER_ACTOR_LR = 1e-6
+PAPER_CRITIC_LR = 5e-6
+# Frozen-attention critic: parameter paths of attention blocks (sao.models param tree).
+ATTENTION_REGEX = r"^layers/\d+/attn/"
+
+
+def base() -> ml_collections.ConfigDict:
+    """SAO defaults at full scale (Qwen3-30B-A3B, math + Python tool); unlocked."""
+    c = ml_collections.ConfigDict()
+    c.name = "sao"                        # run name (metrics, logs)
+    c.seed = 0                            # one seed for init, sampling, prompt order
+
+    # --- model ---------------------------------------------------------------
+    c.model = m = ml_collections.ConfigDict()
+    m.preset = "qwen3-30b-a3b"            # sao.models.get_preset name
+    m.init = ""                           # HF dir / .gguf to start from ("" = preset's random init)
+    m.param_dtype = "bfloat16"            # parameter storage dtype
+    m.dtype = "bfloat16"                  # activation dtype (LM head / log-softmax stay f32)
+    m.tokenizer = "hf"                    # "byte" (tiny presets) or "hf" (tokenizer.json next to init)
+    m.mesh = ml_collections.ConfigDict()
+    m.mesh.data = 1                       # data-parallel axis size
+    m.mesh.fsdp = 64                      # fully-sharded axis size (params + optimiser state)
+    m.mesh.tensor = 1                     # tensor-parallel axis size
+    m.mesh.expert = 1                     # expert-parallel axis size (MoE)
+
+    # --- learner (actor side of LearnerConfig) ------------------------------------
+    c.learner = l = ml_collections.ConfigDict()
+    l.batch_size = PAPER_BATCH            # B trajectories per step, B distinct prompts (paper 128)
+    l.length_buckets = (4096, 8192, 16384, 32768)  # padded sequence lengths T (one compile each)
+    l.micro_batch_size = 8                # rows per gradient-accumulation micro-batch (0 = whole batch)
+    l.pad_id = 0                          # padding id (set from the tokenizer in finalize)
+    l.advantage_estimator = "gae"         # "gae" (critic, skip-observation GAE) | "grpo"
+    l.gamma = 1.0                         # discount per action token [ours]
+    l.alpha = 1.5                         # length-adaptive λ_policy = 1 - 1/(α·l) (VAPO)
+    l.lam_policy = -1.0                   # fixed actor λ; -1 = length-adaptive
+    l.whiten_advantages = False           # batch whitening of advantages [ours: off]
+    l.truncation = "terminal"             # finish="length": "terminal" | "drop"
+    l.policy_loss = "sao_dis"             # sao.algo registry: DIS, paper Eq. 1-3
+    l.eps_low = 0.3                       # DIS band lower: ratio > 0.7 (math / tool)
+    l.eps_high = 5.0                      # DIS band upper: ratio < 6.0 (math / tool)
+    l.loss_agg_mode = "token-mean"        # global token mean over the batch
+    l.temperature = 1.0                   # rollout temperature; the learner uses logits / T too
+    l.kl_coef = 0.0                       # no KL term in SAO
+    l.kl_estimator = "k3"                 # used only when kl_coef > 0
+    l.entropy_coef = 0.0                  # no entropy bonus in SAO
+    l.actor_lr = PAPER_ACTOR_LR           # peak actor learning rate (paper 1e-6)
+    l.actor_schedule = "constant"         # actor LR schedule
+    l.lr_warmup_steps = 0                 # linear LR warm-up (optimiser updates)
+    l.lr_decay_steps = 1000               # decay length for cosine / linear schedules
+    l.max_grad_norm = 1.0                 # global-norm gradient clipping
+    l.weight_decay = 0.0                  # AdamW decay (never on norms / biases / embeddings)
+    l.adam_b1 = 0.9                       # Adam β1
+    l.adam_b2 = 0.999                     # Adam β2
+    l.adam_eps = 1e-8                     # Adam ε
+    l.actor_freeze_regex = ""             # actor params to freeze ("" = none)
+    l.shard_check = "warn"                # large replicated params on a multi-device mesh
+    l.shard_check_min_size = 2 ** 20      # elements above which a param must be sharded
+    l.deterministic = True                # bit-reproducible steps
+    l.running_mean_window = 8             # running-mean baseline: rewards kept per prompt (driver-side)
+
+    # --- critic (critic side of LearnerConfig) ------------------------------------
+    c.critic = k = ml_collections.ConfigDict()
+    k.critic_steps = 2                    # K critic updates per policy update (paper 2)
+    k.critic_warmup_steps = 10            # first steps train only the critic (paper 10)
+    k.lam_critic = 1.0                    # λ of critic targets: Monte-Carlo returns
+    k.value_clip = 0.0                    # value clipping range (0 = off)
+    k.critic_freeze_regex = ATTENTION_REGEX  # frozen-attention critic: only MLP/MoE + head train
+    k.critic_lr = PAPER_CRITIC_LR         # critic learning rate (paper 5e-6)
+    k.critic_schedule = "constant"        # critic LR schedule
+    k.value_pretrain_ev = 0.8             # value pretraining stops at this explained variance ...
+    k.value_pretrain_steps = 100          # ... or after this many critic steps (0 = skip)
+    k.value_pretrain_trajectories = 512   # trajectories sampled from the initial policy for it
+
+    # --- rollout -------------------------------------------------------------
+    c.rollout = r = ml_collections.ConfigDict()
+    r.engine = "sglang"                   # "jax" (in-process JaxEngine) | "sglang" (HTTP servers)
+    r.num_workers = 16                    # rollout worker processes (one engine each)
+    r.max_concurrency = 64                # episodes run at once per worker
+    r.engine_slots = 64                   # JaxEngine decode slots (continuous batching)
+    r.max_len = 32768                     # longest trajectory (tokens), prompt included
+    r.temperature = 1.0                   # sampling temperature (= learner.temperature)
+    r.top_p = 1.0                         # nucleus sampling (1 = off: log-probs stay unbiased)
+    r.top_k = 0                           # top-k sampling (0 = off)
+    r.max_new_tokens = 8192               # tokens per engine turn
+    r.max_turns = 16                      # policy turns per episode
+    r.group_size = 1                      # rollouts per prompt (1 = single rollout; GRPO 8)
+    r.tau = 4                             # staleness bound: drop if learner - oldest version > τ
+    r.push_every = 1                      # push weights to the fleet every N learner steps
+    r.sglang_url_file = ""                # file listing SGLang server URLs (launch/sglang_fleet.py)
+    r.worker_addresses = ""               # comma-separated host:port of remote workers ("" = spawn locally)
+    r.token_file = ""                     # shared-secret file for gRPC auth ("" = none)
+
+    # --- env -----------------------------------------------------------------
+    c.env = e = ml_collections.ConfigDict()
+    e.tasks = ("rg/basic_arithmetic", "rg/chain_sum", "rg/gsm_symbolic", "rg/countdown")  # task specs
+    e.task_config = ml_collections.ConfigDict()  # reasoning-gym generator settings, all tasks
+    e.task_config.basic_arithmetic = ml_collections.ConfigDict(dict(min_terms=2, max_terms=6, min_digits=1, max_digits=4))
+    e.task_size = 100_000                 # generated items per task
+    e.grader = "dataset"                  # "dataset" (score_answer) | "math_verify"
+    e.tool_format = "hermes"              # "tags" (byte-level) | "hermes" (chat models)
+    e.prompt_style = "env"                # "env" (question + instructions) | "question" (question only, tiny models)
+    e.max_tool_calls = 8                  # tool calls per episode
+    e.tool_timeout_s = 10.0               # sandbox wall seconds per call
+    e.tool_memory_mb = 1024               # sandbox address space per call
+    e.max_observation_chars = 2000        # tool output shown to the policy
+    e.drift_schedule = ()                 # online env: learner steps where the rewarded style switches
+
+    # --- data ----------------------------------------------------------------
+    c.data = d = ml_collections.ConfigDict()
+    d.heldout_fraction = 0.02             # share of prompts held out for evaluation
+    d.split_seed = 17                     # seed of the train / held-out hash split
+    d.shuffle_seed = 0                    # prompt order seed (grain)
+
+    # --- sft (warm start) --------------------------------------------------------
+    c.sft = s = ml_collections.ConfigDict()
+    s.steps = 0                           # SFT steps before RL (0 = no SFT)
+    s.batch_size = 64                     # demonstrations per step
+    s.lr = 1e-3                           # peak LR (warm-up then cosine)
+    s.warmup_steps = 50                   # linear warm-up steps
+    s.num_demos = 20_000                  # demonstrations generated
+    s.tool_fraction = 0.3                 # share of demonstrations that call the tool
+    s.task = "basic_arithmetic"           # reasoning-gym task of the demonstrations
+    s.seed = 1                            # demonstration seed (disjoint from RL prompt seeds)
+    s.max_len = 128                       # padded demonstration length (tokens)
+
+    # --- eval ----------------------------------------------------------------
+    c.eval = v = ml_collections.ConfigDict()
+    v.every = 50                          # learner steps between held-out evaluations (0 = only before/after)
+    v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
+    v.temperature = 1.0                   # sampling temperature of evaluation
+
+    # --- checkpoint ------------------------------------------------------------
+    c.checkpoint = p = ml_collections.ConfigDict()
+    p.every = 20                          # learner steps between orbax checkpoints
+    p.keep = 3                            # checkpoints kept
+    p.hf_export = True                    # also export HF safetensors on publish (SGLang fleets)
+
+    # --- run -----------------------------------------------------------------
+    c.run = u = ml_collections.ConfigDict()
+    u.steps = 1000                        # learner steps (paper: SAO stable for ~1000)
+    u.progress = True                     # rich progress bar on the console
+    u.tensorboard = True                  # also write TensorBoard events
+    u.batch_timeout_s = 3600.0            # give up when no batch arrives for this long
+    return c
+
+
+def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Shrinks a config to run on this CPU: tiny byte-level model, local JAX workers, minutes."""
+    c.model.preset = "tiny"
+    c.model.init = ""
+    c.model.param_dtype = c.model.dtype = "float32"
+    c.model.tokenizer = "byte"
+    c.model.mesh.update(data=1, fsdp=1, tensor=1, expert=1)
+    c.learner.batch_size = 16
+    c.learner.length_buckets = (128, 256)
+    c.learner.micro_batch_size = 0
+    c.learner.actor_lr = 3e-4             # tiny models need far larger steps than 30B ones
+    c.critic.critic_lr = 1e-3
+    c.critic.critic_warmup_steps = 2
+    c.critic.value_pretrain_steps = 20
+    c.critic.value_pretrain_trajectories = 64
+    c.rollout.engine = "jax"
+    c.rollout.num_workers = 2
+    c.rollout.max_concurrency = 16
+    c.rollout.engine_slots = 16
+    c.rollout.max_len = 256
+    c.rollout.max_new_tokens = 48
+    c.rollout.max_turns = 3
+    c.env.tasks = ("rg/basic_arithmetic",)
+    c.env.task_config.basic_arithmetic = ml_collections.ConfigDict(dict(
+        min_terms=2, max_terms=3, min_digits=1, max_digits=2,
+        operators=("+", "-", "*"), allow_negation=False))
+    c.env.task_size = 4000
+    c.env.tool_format = "tags"
+    c.env.prompt_style = "question"
+    c.env.max_tool_calls = 2
+    c.env.tool_timeout_s = 5.0
+    c.env.tool_memory_mb = 256
+    c.env.max_observation_chars = 32
+    c.data.heldout_fraction = 0.1
+    c.sft.steps = 300
+    c.eval.every = 10
+    c.eval.num_prompts = 200
+    c.checkpoint.every = 10
+    c.checkpoint.hf_export = False
+    c.run.steps = 30
+    c.run.batch_timeout_s = 600.0
+    return c
+
+
+def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Derived values, consistency checks, then lock (no new fields; values may still be overridden).
+
+    Raises ValueError on inconsistent settings.
+    """
+    c.learner.temperature = c.rollout.temperature        # one temperature for sampling and learning
+    c.learner.pad_id = 256 if c.model.tokenizer == "byte" else c.learner.pad_id
+    if max(c.learner.length_buckets) < c.rollout.max_len:
+        raise ValueError(f"{c.name}: largest length bucket {max(c.learner.length_buckets)} < "
+                         f"rollout.max_len {c.rollout.max_len}")
+    if c.learner.advantage_estimator == "grpo" and c.rollout.group_size < 2:
+        raise ValueError(f"{c.name}: GRPO needs rollout.group_size >= 2")
+    c.lock()
+    return c
+
+
+def parse_variant(arg: str | None, variants: tuple[str, ...], default: str) -> str:
+    """The variant after the colon of ``--config=file.py:variant``; raises ValueError if unknown."""
+    variant = arg or default
+    if variant not in variants:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {variants}")
+    return variant
+
+
+# Full-scale variants shared by the math experiments: (preset, mesh, fleet size).
+FULL_SCALE = {
+    "qwen3_30b_a3b": dict(preset="qwen3-30b-a3b", mesh=dict(data=1, fsdp=16, tensor=1, expert=4),
+                          workers=16),
+    "qwen3_8b": dict(preset="qwen3-8b", mesh=dict(data=1, fsdp=16, tensor=1, expert=1), workers=8),
+    "qwen3_1p7b": dict(preset="qwen3-1.7b", mesh=dict(data=2, fsdp=4, tensor=1, expert=1), workers=4),
+}
+
+
+def full_scale(c: ml_collections.ConfigDict, variant: str) -> ml_collections.ConfigDict:
+    """Sets model / mesh / fleet size of a full-scale variant (Qwen3 on TPU/GPU, SGLang fleet)."""
+    spec = FULL_SCALE[variant]
+    c.model.preset = spec["preset"]
+    c.model.init = f"gs://YOUR_BUCKET/models/{spec['preset']}"   # HF checkpoint dir of the base model
+    c.model.mesh.update(**spec["mesh"])
+    c.rollout.num_workers = spec["workers"]
+    return c

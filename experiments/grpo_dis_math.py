@@ -1,0 +1,28 @@
+"""GRPO advantages (16 x 8) with the DIS loss (0.3, 5.0) instead of PPO clip.
+
+Commands (from the repository root)::
+
+    python -m sao.main --config=experiments/grpo_dis_math.py:cpu --workdir=runs/grpo_dis_math_cpu
+    python -m sao.main --config=experiments/grpo_dis_math.py:qwen3_30b_a3b --workdir=gs://BUCKET/grpo_dis_math
+    python launch/tpu_vm.py --config=experiments/grpo_dis_math.py:qwen3_30b_a3b --dry-run
+
+Variants: ``cpu`` (tiny byte-level model, runs on a laptop CPU) and full-scale
+``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b`` (SGLang fleet).
+"""
+from experiments import common
+
+VARIANTS = ("cpu",) + tuple(common.FULL_SCALE)
+
+
+def get_config(arg=None):
+    variant = common.parse_variant(arg, VARIANTS, "qwen3_30b_a3b")
+    c = common.base()
+    c.name = "grpo_dis_math"
+    c.learner.advantage_estimator = "grpo"   # group-normalised outcome advantage
+    c.learner.policy_loss = "sao_dis"        # DIS against the engine's log-probs
+    c.rollout.group_size = 8                 # G rollouts per prompt
+    c.critic.critic_steps = 0                # no critic
+    c.critic.critic_warmup_steps = 0
+    c.critic.value_pretrain_steps = 0
+    c = common.cpu(c) if variant == "cpu" else common.full_scale(c, variant)
+    return common.finalize(c)

@@ -1,0 +1,65 @@
+"""Quick start: a tiny byte-level policy learns *when to call the Python tool* with SAO, on a CPU.
+
+    make run        # = python -m sao.main --config=experiments/quickstart.py --workdir=runs/quickstart
+
+What happens (about 10 minutes on 2 CPU cores; see docs/quickstart.md):
+
+1. SFT warm start of the ``tiny`` preset on reasoning-gym ``basic_arithmetic``
+   demonstrations, of which only ``sft.tool_fraction`` call the tool
+   (``<python>print(expr)</python><output>…</output><answer>…</answer>``); the
+   rest answer directly, which a tiny model cannot do reliably.
+2. Held-out pass@1 on ``eval.num_prompts`` prompts before RL.
+3. Value pretraining of the critic on trajectories of the SFT policy.
+4. Asynchronous SAO with ``rollout.num_workers`` local rollout worker
+   processes over gRPC, the Python tool in the sandbox and reasoning-gym's grader.
+5. Held-out pass@1 every ``eval.every`` steps and at the end; a summary table
+   and ``summary.json`` in the workdir. Rerunning resumes (SFT, the first
+   evaluation and checkpoints are cached in the workdir).
+
+Variants: none (``:seed1`` etc. change the seed: ``experiments/quickstart.py:1``).
+"""
+from experiments import common
+
+VARIANTS = ("0", "1", "2", "3")
+
+
+def get_config(arg=None):
+    variant = common.parse_variant(arg, VARIANTS, "0")
+    c = common.cpu(common.base())
+    c.name = "quickstart"
+    c.seed = int(variant)                    # init, sampling and prompt order
+    # model: the tiny preset (d=128, 2 layers, ~0.46M params), byte-level tokenizer.
+    # learner / critic: SAO as in the paper, scaled for a tiny model.
+    c.learner.batch_size = 32                # trajectories per step, one per prompt
+    c.learner.length_buckets = (128,)        # every quick-start episode fits in 128 tokens
+    c.learner.actor_lr = 1e-3                # tiny model: large steps
+    c.critic.critic_lr = 1e-3
+    c.critic.critic_warmup_steps = 2         # the critic is value-pretrained already
+    c.critic.value_pretrain_steps = 30       # critic steps of value pretraining (max)
+    c.critic.value_pretrain_ev = 0.5         # ... or until this explained variance
+    c.critic.value_pretrain_trajectories = 128
+    # rollout: 2 local worker processes, JAX engine, one tool call at most.
+    c.rollout.num_workers = 2
+    c.rollout.max_concurrency = 32
+    c.rollout.engine_slots = 32
+    c.rollout.max_len = 128
+    c.rollout.max_new_tokens = 40
+    c.rollout.max_turns = 2
+    c.rollout.tau = 2                        # staleness bound (versions)
+    # env: "Calculate 37 + 45 * 2." style prompts, question only, tags tool format.
+    c.env.max_tool_calls = 1
+    c.env.task_size = 4000
+    c.data.heldout_fraction = 0.1            # ~400 held-out prompts
+    # sft: 30% of the demonstrations call the tool.
+    c.sft.steps = 300
+    c.sft.batch_size = 64
+    c.sft.lr = 3e-3
+    c.sft.num_demos = 8000
+    c.sft.tool_fraction = 0.3
+    c.sft.max_len = 128
+    # eval / checkpoint / run
+    c.eval.every = 10
+    c.eval.num_prompts = 200
+    c.checkpoint.every = 10
+    c.run.steps = 40
+    return common.finalize(c)

@@ -1,0 +1,49 @@
+"""Local multi-process launch: N rollout worker processes + one learner, over gRPC on 127.0.0.1.
+
+    python launch/local.py --config=experiments/quickstart.py --workdir=runs/qs --workers=2 --dry-run
+
+Each worker is ``python -m sao.main --role=rollout`` on its own port; the
+learner is ``--role=learner`` with ``rollout.worker_addresses`` set to them.
+(``--role=all`` does the same wiring inside one command: ``sao.run``.)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+if __package__ in (None, ""):
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch.common import Step, add_common_flags, print_steps, run_steps, sao_main  # noqa: E402
+
+
+def build(args) -> list[Step]:
+    ports = [args.base_port + i for i in range(args.workers)]
+    steps = [Step(f"worker{i}", sao_main(args.config, args.workdir, "rollout", python=args.python,
+                                         overrides=args.set, extra=(f"--port={p}", f"--worker_index={i}")),
+                  background=True)
+             for i, p in enumerate(ports)]
+    addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
+    steps.append(Step("learner", sao_main(args.config, args.workdir, "learner", python=args.python,
+                                          overrides=[*args.set, f"rollout.worker_addresses={addresses}"])))
+    return steps
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_common_flags(parser)
+    parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    parser.add_argument("--base_port", type=int, default=50151, help="port of worker 0")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the processes")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
+    steps = build(args)
+    if args.dry_run:
+        print_steps(steps)
+        return 0
+    return run_steps(steps)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Command-line entry point: flags only; the work is ``sao.run``.
+
+    python -m sao.main --config=experiments/quickstart.py --workdir=runs/quickstart
+    python -m sao.main --config=experiments/sao_math.py:cpu --config.run.steps=5 --workdir=runs/x
+    python -m sao.main --config=experiments/sao_math.py:cpu --workdir=runs/x --role=rollout --port=50151
+
+Roles: ``all`` (learner + locally spawned rollout worker processes, the
+default of ``sao-train``), ``learner`` (connects to ``rollout.worker_addresses``)
+and ``rollout`` (one gRPC rollout worker, the default of ``sao-rollout``).
+Console scripts: ``sao-train`` = :func:`run_train`, ``sao-rollout`` = :func:`run_rollout`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "experiment file and variant: experiments/<file>.py[:variant]",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics, summary)")
+_ROLE = flags.DEFINE_enum("role", "all", ["all", "learner", "rollout"], "which part of the run")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "rollout role: bind address")
+_PORT = flags.DEFINE_integer("port", 0, "rollout role: port (0 = any free port)")
+_WORKER_INDEX = flags.DEFINE_integer("worker_index", 0, "rollout role: index (seeds, logs)")
+_SGLANG_URL = flags.DEFINE_string("sglang_url", "", "rollout role with rollout.engine=sglang: server URL")
+_ADDRESS_FILE = flags.DEFINE_string("address_file", "", "rollout role: write host:port here when serving")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _config_argv(argv: list[str]) -> list[str]:
+    """The ``--config`` / ``--config.*`` arguments, so that spawned workers load the same config."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--config" or (a.startswith("--config.") and "=" not in a):
+            out += argv[i:i + 2]
+            i += 2
+            continue
+        if a.startswith("--config=") or a.startswith("--config."):
+            out.append(a)
+        i += 1
+    return out
+
+
+def _add_experiments_root(argv: list[str]) -> None:
+    """Lets experiment files ``import experiments.common`` wherever the command runs."""
+    for i, a in enumerate(argv):
+        path = a.split("=", 1)[1] if a.startswith("--config=") else (
+            argv[i + 1] if a == "--config" and i + 1 < len(argv) else None)
+        if path:
+            root = os.path.dirname(os.path.dirname(os.path.abspath(path.split(":", 1)[0])))
+            if root not in sys.path:
+                sys.path.insert(0, root)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from sao import run
+    cfg, workdir = _CONFIG.value, _WORKDIR.value
+    if _ROLE.value == "rollout":
+        run.rollout_worker(cfg, workdir, host=_HOST.value, port=_PORT.value,
+                           worker_index=_WORKER_INDEX.value, sglang_url=_SGLANG_URL.value,
+                           address_file=_ADDRESS_FILE.value)
+    elif _ROLE.value == "learner":
+        run.learner(cfg, workdir)
+    else:
+        run.run_all(cfg, workdir, config_argv=_config_argv(sys.argv[1:]))
+
+
+def _run(default_role: str) -> None:
+    if not any(a == "--role" or a.startswith("--role=") for a in sys.argv[1:]):
+        sys.argv.insert(1, f"--role={default_role}")
+    _add_experiments_root(sys.argv[1:])
+    app.run(main)
+
+
+def run_train() -> None:
+    """``sao-train``: the learner with local or remote rollout workers (default role ``all``)."""
+    _run("all")
+
+
+def run_rollout() -> None:
+    """``sao-rollout``: one rollout worker (default role ``rollout``)."""
+    _run("rollout")
+
+
+if __name__ == "__main__":
+    _run("all")
