@@ -8,8 +8,8 @@ Keys are namespaced ``<subsystem>/<name>`` (``actor/``, ``critic/``,
 ``batch/``, ``fleet/``, ``eval/``, ``sft/``, ``value_pretrain/``). Scalars
 also go to TensorBoard (tensorboardX) under ``<workdir>/tb``. Lists (e.g.
 ``batch/staleness_counts``: number of action tokens per staleness 0, 1, ...)
-are kept in the JSONL only. A resumed run appends; readers keep the last
-record of each (phase, step).
+are kept in the JSONL only. A resumed run appends; readers merge the
+records of one (phase, step), later values winning.
 
 Nothing here touches devices: values are converted with ``float()`` (call
 ``jax.device_get`` first for device arrays).
@@ -100,7 +100,7 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    """Reads ``metrics.jsonl`` of a run: one dict per (phase, step), last record wins.
+    """Reads ``metrics.jsonl`` of a run: one dict per (phase, step), records merged, later keys win.
 
     Raises FileNotFoundError if the run has no metrics file. A truncated last
     line (a run killed mid-write) is ignored.
@@ -116,7 +116,7 @@ def read_metrics(workdir: str) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            records[(rec.get("phase", "rl"), int(rec["step"]))] = rec
+            records.setdefault((rec.get("phase", "rl"), int(rec["step"])), {}).update(rec)
     return [records[k] for k in sorted(records, key=lambda k: (k[0] != "rl", k[0], k[1]))]
 
 

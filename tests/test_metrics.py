@@ -9,20 +9,20 @@ import pytest
 from sao import metrics
 
 
-def test_jsonl_round_trip_last_record_wins(tmp_path):
+def test_jsonl_round_trip_records_merge(tmp_path):
   wd = str(tmp_path)
   with metrics.MetricsWriter(wd, tensorboard=True) as w:
     w.write(0, {"eval/accuracy": np.float32(0.25), "batch/staleness_counts": np.array([3, 1])})
     w.write(1, {"actor/loss": 1.5, "batch/staleness_counts": [0, 2, 5]})
-    w.write(1, {"actor/loss": 2.5})  # a resumed run rewrites step 1
+    w.write(1, {"actor/loss": 2.5})  # a resumed run rewrites step 1: later values win
     w.write(0, {"sft/loss": 3.0}, phase="sft")
   recs = metrics.read_metrics(wd)
   rl = [r for r in recs if r["phase"] == "rl"]
   assert [r["step"] for r in rl] == [0, 1]
   assert rl[0]["eval/accuracy"] == pytest.approx(0.25)
-  assert rl[1]["actor/loss"] == 2.5 and "batch/staleness_counts" not in rl[1]
+  assert rl[1]["actor/loss"] == 2.5 and rl[1]["batch/staleness_counts"] == [0, 2, 5]
   assert os.listdir(os.path.join(wd, "tb"))  # TensorBoard events written
-  np.testing.assert_array_equal(metrics.staleness_histogram(wd), [3, 1])
+  np.testing.assert_array_equal(metrics.staleness_histogram(wd), [3, 3, 5])
   df = metrics.load_run(wd)
   assert list(df.index) == [0, 1]
   assert metrics.load_run(wd, "sft")["sft/loss"].iloc[0] == 3.0
