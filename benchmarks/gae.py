@@ -13,7 +13,9 @@ Compares ``sao.algo.gae`` (``method="scan"`` and ``"associative"``) against
   out).
 
 Prints ratios and GB/s; the last line is one JSON object with every figure.
-Times are medians of ``--repeats`` runs after a compile/warm-up call.
+Times are medians of ``--repeats`` runs after a compile/warm-up call, as wall
+clock and as process CPU time (all threads; steadier than wall time on a
+shared machine). Ratios and targets use wall time.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sao.algo import gae
+from sao.algo import GAE_METHODS, gae
 
 
 def python_loop_gae(rewards, values, mask, gamma, lam):
@@ -83,13 +85,15 @@ def make_batch(batch, length, seed=0):
 
 
 def timeit(fn, repeats):
+    """Median wall-clock and CPU (process, all threads) seconds of ``fn()``."""
     fn()  # compile / warm up
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main():
@@ -106,7 +110,7 @@ def main():
     fns = {
         method: jax.jit(lambda r, v, m, method=method: gae(
             r, v, m, gamma=gamma, lam=lam, method=method))
-        for method in ("associative", "scan")
+        for method in GAE_METHODS
     }
     bandwidth_ref = jax.jit(lambda r, v, m: (jnp.where(m, r - v, 0.0), jnp.where(m, r + v, 0.0)))
     nbytes = rewards.nbytes + values.nbytes + mask.nbytes + 2 * rewards.nbytes
@@ -118,32 +122,36 @@ def main():
     for method, fn in fns.items():
         np.testing.assert_allclose(np.asarray(fn(r, v, m)[0]), ref_adv, rtol=1e-4, atol=1e-4)
 
-    t_loop_subset = timeit(lambda: python_loop_gae(
+    t_loop_subset, c_loop_subset = timeit(lambda: python_loop_gae(
         rewards[rows], values[rows], mask[rows], gamma, lam), max(1, args.repeats // 5))
     t_loop = t_loop_subset * args.batch / args.loop_rows
-    t_np = timeit(lambda: numpy_time_loop_gae(rewards, values, mask, gamma, lam),
-                  max(1, args.repeats // 5))
-    t_bw = timeit(lambda: jax.block_until_ready(bandwidth_ref(r, v, m)), args.repeats)
+    c_loop = c_loop_subset * args.batch / args.loop_rows
+    t_np, c_np = timeit(lambda: numpy_time_loop_gae(rewards, values, mask, gamma, lam),
+                        max(1, args.repeats // 5))
+    t_bw, c_bw = timeit(lambda: jax.block_until_ready(bandwidth_ref(r, v, m)), args.repeats)
     figures = {
         "backend": jax.default_backend(), "batch": args.batch, "length": args.length,
-        "loop_rows_timed": args.loop_rows, "python_loop_s_scaled": t_loop,
-        "numpy_time_loop_s": t_np, "bandwidth_ref_s": t_bw,
+        "bytes": nbytes, "loop_rows_timed": args.loop_rows, "python_loop_s_scaled": t_loop,
+        "python_loop_cpu_s_scaled": c_loop, "numpy_time_loop_s": t_np,
+        "bandwidth_ref_s": t_bw, "bandwidth_ref_cpu_s": c_bw,
         "bandwidth_ref_gbps": nbytes / t_bw / 1e9,
     }
-    print(f"{'impl':<24}{'time ms':>10}{'GB/s':>8}{'x loop':>10}{'x np-vec':>10}{'% bw ref':>10}")
-    print(f"{'python loop (scaled)':<24}{t_loop * 1e3:>10.1f}{nbytes / t_loop / 1e9:>8.3f}")
-    print(f"{'numpy time loop':<24}{t_np * 1e3:>10.1f}{nbytes / t_np / 1e9:>8.3f}")
-    print(f"{'bandwidth reference':<24}{t_bw * 1e3:>10.2f}{nbytes / t_bw / 1e9:>8.2f}")
+    print(f"{'impl':<22}{'wall ms':>9}{'cpu ms':>9}{'GB/s':>8}{'x loop':>8}"
+          f"{'x np-vec':>9}{'% bw ref':>9}{'% bw cpu':>9}")
+    print(f"{'python loop (scaled)':<22}{t_loop * 1e3:>9.1f}{c_loop * 1e3:>9.1f}"
+          f"{nbytes / t_loop / 1e9:>8.3f}")
+    print(f"{'numpy time loop':<22}{t_np * 1e3:>9.1f}{c_np * 1e3:>9.1f}{nbytes / t_np / 1e9:>8.3f}")
+    print(f"{'bandwidth reference':<22}{t_bw * 1e3:>9.2f}{c_bw * 1e3:>9.2f}{nbytes / t_bw / 1e9:>8.2f}")
     for method, fn in fns.items():
-        t = timeit(lambda fn=fn: jax.block_until_ready(fn(r, v, m)), args.repeats)
+        t, c = timeit(lambda fn=fn: jax.block_until_ready(fn(r, v, m)), args.repeats)
         figures.update({
-            f"{method}_s": t, f"{method}_gbps": nbytes / t / 1e9,
+            f"{method}_s": t, f"{method}_cpu_s": c, f"{method}_gbps": nbytes / t / 1e9,
             f"{method}_x_python_loop": t_loop / t, f"{method}_x_numpy_time_loop": t_np / t,
-            f"{method}_frac_bandwidth_ref": t_bw / t,
+            f"{method}_frac_bandwidth_ref": t_bw / t, f"{method}_frac_bandwidth_ref_cpu": c_bw / c,
         })
-        print(f"{'gae ' + method:<24}{t * 1e3:>10.2f}{nbytes / t / 1e9:>8.2f}"
-              f"{t_loop / t:>10.0f}{t_np / t:>10.1f}{100 * t_bw / t:>9.1f}%")
-    best = min(("associative", "scan"), key=lambda k: figures[f"{k}_s"])
+        print(f"{'gae ' + method:<22}{t * 1e3:>9.2f}{c * 1e3:>9.2f}{nbytes / t / 1e9:>8.2f}"
+              f"{t_loop / t:>8.0f}{t_np / t:>9.1f}{100 * t_bw / t:>8.1f}%{100 * c_bw / c:>8.1f}%")
+    best = min(GAE_METHODS, key=lambda k: figures[f"{k}_s"])
     figures["fastest"] = best
     figures["target_x_loop_100_met"] = figures[f"{best}_x_python_loop"] >= 100
     figures["target_bw_25pct_met"] = figures[f"{best}_frac_bandwidth_ref"] >= 0.25

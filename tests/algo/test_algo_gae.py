@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from algo_reference import classic_gae_loop, gae_loop
 from sao.algo import gae, length_adaptive_lambda, relocate_rewards
 
-METHODS = ("associative", "scan")
+METHODS = ("chunked", "associative", "scan")
 
 
 @functools.lru_cache(maxsize=None)
