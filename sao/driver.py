@@ -11,6 +11,7 @@ Everything else (building the learner, the fleet, resuming) is ``sao.run``.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
@@ -43,6 +44,48 @@ class LoopConfig:
     eval_every: int = 0
     checkpoint_every: int = 0
     batch_timeout_s: float | None = None
+
+
+class GroupedSource:
+    """GRPO baselines: serves batches of whole groups (``group_size`` rollouts of one prompt).
+
+    The prompt stream issues each prompt ``group_size`` times with ids
+    ``<prompt id>#g<j>``; trajectories are held until their group is complete,
+    then served ``batch_size // group_size`` groups at a time with the ``#g``
+    suffix removed, so ``make_train_batch`` gives a group one ``group_ids``
+    value. A group that lost a member (dropped as stale) never completes and is
+    discarded after ``max_pending`` newer groups complete.
+    """
+
+    def __init__(self, source: TrajectorySource, *, group_size: int, batch_size: int,
+                 max_pending: int = 1024):
+        if group_size < 2 or batch_size % group_size:
+            raise ValueError(f"group_size {group_size} must be >= 2 and divide batch_size {batch_size}")
+        self.source, self.group_size, self.groups_per_batch = source, group_size, batch_size // group_size
+        self.max_pending = max_pending
+        self._pending: collections.OrderedDict[str, list] = collections.OrderedDict()
+        self._ready: collections.deque[list] = collections.deque()
+
+    def get_batch(self, timeout: float | None = None) -> list[Trajectory]:
+        while len(self._ready) < self.groups_per_batch:
+            trajs = self.source.get_batch(timeout=timeout)
+            if not trajs:
+                return []
+            for t in trajs:
+                group = t.prompt_id.rsplit("#g", 1)[0]
+                members = self._pending.setdefault(group, [])
+                members.append(dataclasses.replace(t, prompt_id=group))
+                if len(members) == self.group_size:
+                    self._ready.append(self._pending.pop(group))
+            while len(self._pending) > self.max_pending:
+                self._pending.popitem(last=False)
+        return [t for _ in range(self.groups_per_batch) for t in self._ready.popleft()]
+
+    def push_weights(self, version: int, uri: str, timeout: float | None = None) -> dict:
+        return self.source.push_weights(version, uri, timeout)
+
+    def snapshot(self) -> dict:
+        return self.source.snapshot()
 
 
 def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:

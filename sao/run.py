@@ -226,19 +226,26 @@ def learner(cfg, workdir: str, *, addresses: list[str] | None = None) -> dict:
 
 
 class _PromptStream:
-    """Thread-safe prompt iterator for the dispatcher: unique ids per epoch, checkpointable state."""
+    """Thread-safe prompt iterator for the dispatcher: unique ids per epoch, each prompt
+    ``group_size`` times (``#g<j>`` ids, for GRPO groups), checkpointable state."""
 
-    def __init__(self, iterator):
+    def __init__(self, iterator, group_size: int = 1):
         import threading
-        self._it, self._lock = iterator, threading.Lock()
+        self._it, self._lock, self._group_size = iterator, threading.Lock(), group_size
+        self._copies: list[dict] = []
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
         with self._lock:
-            rec = next(self._it)
-        return {**rec, "prompt_id": f"{rec['prompt_id']}#e{rec.get('epoch', 0)}"}
+            if not self._copies:
+                rec = next(self._it)
+                pid = f"{rec['prompt_id']}#e{rec.get('epoch', 0)}"
+                if self._group_size == 1:
+                    return {**rec, "prompt_id": pid}
+                self._copies = [{**rec, "prompt_id": f"{pid}#g{j}"} for j in range(self._group_size)]
+            return self._copies.pop(0)
 
     def get_state(self) -> dict:
         with self._lock:
@@ -304,7 +311,7 @@ class _LearnerContext:
                                         "critic/explained_variance")) as bar:
             bar.update(start_step)
             states, steps_done, _ = driver.train(
-                self.learner, states, dispatcher, loop=loop, start_step=start_step,
+                self.learner, states, self.source(dispatcher), loop=loop, start_step=start_step,
                 publish=publish, evaluate=self.evaluate, checkpoint=save,
                 write=self.writer.write, on_step=bar.update)
             save(states, steps_done)
@@ -399,7 +406,7 @@ class _LearnerContext:
         cfg = self.cfg
         it = prompt_iterator(self.train_records, seed=cfg.data.shuffle_seed,
                              state=(data_state or {}).get("prompts"))
-        stream = _PromptStream(it)
+        stream = _PromptStream(it, cfg.rollout.group_size)
         dcfg = DispatcherConfig(batch_size=cfg.learner.batch_size, vocab_size=self.tokenizer.vocab_size,
                                 tau=cfg.rollout.tau, initial_version=version,
                                 security=Security(token=_read_token(cfg.rollout.token_file)))
@@ -407,6 +414,13 @@ class _LearnerContext:
         if data_state and data_state.get("dispatcher"):
             d.load_state_dict(data_state["dispatcher"])
         return d, stream
+
+    def source(self, dispatcher):
+        """What the loop pulls batches from: the dispatcher, or whole GRPO groups of it."""
+        from sao.driver import GroupedSource
+        g = self.cfg.rollout.group_size
+        return dispatcher if g == 1 else GroupedSource(dispatcher, group_size=g,
+                                                       batch_size=self.cfg.learner.batch_size)
 
     def save(self, checkpointer, states, step: int, *, data_state, extra) -> None:
         checkpointer.save(step, train_state=states, policy_version=states.policy_version,
