@@ -10,8 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, NamedSharding
 
 from sao.models.config import ModelConfig
+from sao.models.sharding import constrain, logical_to_spec
 
 
 @struct.dataclass
@@ -30,11 +32,18 @@ class KVCache:
         return self.k[0].shape[1]
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None, *,
+               mesh: Mesh | None = None) -> KVCache:
     """Zeroed cache for ``batch`` rows of up to ``max_len`` tokens.
 
     Args:
       dtype: storage dtype; defaults to the model's compute dtype.
+      mesh: place the buffers sharded by logical axes `CACHE_AXES` (batch
+        over data/fsdp, kv heads over tensor); under ``jax.set_mesh`` inside a
+        jitted function the same constraint applies without this argument.
     Raises:
       ValueError: non-positive batch or max_len.
     """
@@ -42,8 +51,14 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
         raise ValueError(f"batch and max_len must be positive, got {batch}, {max_len}")
     dtype = cfg.jnp_dtype if dtype is None else jnp.dtype(dtype)
     shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers))
-    return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
+
+    def zeros():
+        if mesh is not None:
+            spec = logical_to_spec(CACHE_AXES, shape, mesh)
+            return jax.device_put(jnp.zeros(shape, dtype), NamedSharding(mesh, spec))
+        return constrain(jnp.zeros(shape, dtype), CACHE_AXES)
+    return KVCache(k=tuple(zeros() for _ in range(cfg.num_layers)),
+                   v=tuple(zeros() for _ in range(cfg.num_layers)))
 
 
 def fill_cache(cache: KVCache, kvs: list[tuple[jax.Array, jax.Array]]) -> KVCache:

@@ -57,13 +57,13 @@ class Embed(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    """``scale * x / sqrt(mean(x^2) + eps)`` over the last axis. ``scale: [dim]``."""
+    """``scale * x / sqrt(mean(x^2) + eps)`` over the last axis. ``scale: [dim]`` (norm)."""
 
     def __init__(self, dim: int, eps: float, *, dtype, param_dtype, rngs: nnx.Rngs):
         del rngs
         self.eps = eps
         self.dtype = dtype
-        self.scale = nnx.Param(param_init(nnx.initializers.ones, (None,))(
+        self.scale = nnx.Param(param_init(nnx.initializers.ones, ("norm",))(
             jax.random.key(0), (dim,), param_dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:

@@ -3,7 +3,7 @@
 Every parameter carries logical axis names in its ``out_sharding`` metadata
 (see `transformer.py` for the tree); main activations are constrained with
 `constrain(x, names)`. Names: ``vocab``, ``embed``, ``heads``, ``kv_heads``,
-``head_dim``, ``mlp``, ``experts`` (parameters) and ``batch``, ``length`` plus
+``head_dim``, ``mlp``, ``experts``, ``norm`` (parameters) and ``batch``, ``length`` plus
 the same names (activations). Mesh axes: ``data``, ``fsdp``, ``tensor``,
 ``expert``.
 
@@ -45,6 +45,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, Any], ...] = (
     ("head_dim", None),
     ("mlp", "tensor"),
     ("experts", "expert"),
+    ("norm", None),
 )
 
 _RULES: contextvars.ContextVar[tuple] = contextvars.ContextVar("sao_axis_rules",

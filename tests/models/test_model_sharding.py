@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from sao import models
 from sao.models import (LOGICAL_AXIS_RULES, Transformer, ValueModel, axis_rules, create_sharded,
                         get_preset, logical_to_spec, make_mesh, predict_values, token_logprobs,
                         unsharded_params)
@@ -64,13 +65,34 @@ def test_created_sharded_and_forward_matches(preset, axes):
     assert len(got.sharding.device_set) == 8
 
 
-def test_critic_from_sharded_policy_keeps_sharding():
+@pytest.fixture(scope="module")
+def tiny_on_mesh():
     cfg = get_preset("tiny", num_layers=1)
     mesh = make_mesh(data=2, fsdp=2, tensor=2)
-    policy = create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+    return cfg, mesh, create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+
+
+def test_critic_from_sharded_policy_keeps_sharding(tiny_on_mesh):
+    cfg, mesh, policy = tiny_on_mesh
     critic = ValueModel.from_policy(policy)
     emb = critic.embed.embedding.get_value()
     assert emb.sharding.spec == P("tensor", "fsdp")
     with jax.set_mesh(mesh):
         values = nnx.jit(predict_values)(critic, jnp.ones((4, 6), jnp.int32))
     np.testing.assert_array_equal(values, 0.0)
+
+
+def test_generate_on_a_mesh_matches_one_device(tiny_on_mesh):
+    cfg, mesh, sharded = tiny_on_mesh
+    graphdef, state = nnx.split(sharded)
+    plain = nnx.merge(graphdef, jax.device_put(state, jax.devices()[0]))
+    prompts = jnp.array([[257, 5, 6, 0], [257, 7, 0, 0], [257, 8, 9, 10], [257, 1, 2, 3]])
+    lengths = jnp.array([3, 2, 4, 4])
+    kw = dict(rng=jax.random.key(0), max_new_tokens=5, temperature=0.0)
+    expected = models.generate(plain, prompts, lengths, **kw)
+    with jax.set_mesh(mesh):
+        got = models.generate(sharded, prompts, lengths, **kw)
+    np.testing.assert_array_equal(got.tokens, expected.tokens)
+    np.testing.assert_allclose(got.logprobs, expected.logprobs, atol=1e-5)
+    cache = models.init_cache(cfg, 4, 8, mesh=mesh)
+    assert cache.k[0].sharding.spec == P(("data", "fsdp"), None, "tensor", None)
