@@ -101,7 +101,7 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--loop_rows", type=int, default=4)
+    parser.add_argument("--loop_rows", type=int, default=16)
     args = parser.parse_args()
     gamma, lam = 0.99, 0.95
     rewards, values, mask = make_batch(args.batch, args.length)
@@ -146,7 +146,8 @@ def main():
         t, c = timeit(lambda fn=fn: jax.block_until_ready(fn(r, v, m)), args.repeats)
         figures.update({
             f"{method}_s": t, f"{method}_cpu_s": c, f"{method}_gbps": nbytes / t / 1e9,
-            f"{method}_x_python_loop": t_loop / t, f"{method}_x_numpy_time_loop": t_np / t,
+            f"{method}_x_python_loop": t_loop / t, f"{method}_x_python_loop_cpu": c_loop / c,
+            f"{method}_x_numpy_time_loop": t_np / t,
             f"{method}_frac_bandwidth_ref": t_bw / t, f"{method}_frac_bandwidth_ref_cpu": c_bw / c,
         })
         print(f"{'gae ' + method:<22}{t * 1e3:>9.2f}{c * 1e3:>9.2f}{nbytes / t / 1e9:>8.2f}"
