@@ -14,16 +14,13 @@ import pytest
 from flax import nnx
 
 from sao.ckpt import Checkpointer, abstract_state, latest_published, publish
-from sao.learner import LearnerConfig, make_train_batch
-from sao.learner.learner import Learner
+from sao.learner import make_train_batch
 from sao.learner.mesh import mesh_from_config
 from sao.learner.state import make_optimizer, plan_state
 from sao.models import Transformer, ValueModel
 
-from learner.helpers import MODEL_CFG, make_policy, one_device_mesh, random_trajs
+from learner.helpers import MODEL_CFG, one_device_mesh, random_trajs, shared_learner
 
-CFG = LearnerConfig(batch_size=4, length_buckets=(16,), critic_warmup_steps=1, critic_steps=1,
-                    actor_lr=1e-2, critic_lr=1e-2, deterministic=True)
 
 
 def _host(tree):
@@ -31,7 +28,7 @@ def _host(tree):
 
 
 def test_resume_is_bit_identical(tmp_path):
-    learner = Learner(CFG, one_device_mesh(), make_policy(0))
+    learner = shared_learner()  # SHARED_CFG: deterministic, warm-up 1, K=2
     rng = np.random.default_rng(0)
     batches = [make_train_batch(random_trajs(4, rng, max_len=16), buckets=(16,), batch_size=4,
                                 pad_id=256) for _ in range(4)]

@@ -1,10 +1,13 @@
 """Shared builders for learner tests: a 1-layer d=64 model and hand-made trajectories."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import numpy as np
 from flax import nnx
 
+from sao.learner.config import LearnerConfig
 from sao.learner.mesh import mesh_from_config
 from sao.models import Transformer, get_preset
 from sao.types import Trajectory
@@ -20,6 +23,19 @@ def make_policy(seed: int = 0):
 
 def one_device_mesh():
     return mesh_from_config({"data": 1}, devices=jax.devices()[:1])
+
+
+# One small SAO config shared by the update and checkpoint tests, so that both
+# use one `Learner` (and its compiled steps) per test session.
+SHARED_CFG = LearnerConfig(batch_size=4, length_buckets=(8, 16), critic_warmup_steps=1,
+                           critic_steps=2, actor_lr=1e-2, critic_lr=1e-2, eps_low=0.5,
+                           eps_high=1.0, shard_check="raise")
+
+
+@functools.lru_cache(maxsize=None)
+def shared_learner():
+    from sao.learner.learner import Learner
+    return Learner(SHARED_CFG, one_device_mesh(), make_policy(0))
 
 
 def traj(prompt, actions, reward, *, logprob=-1.0, version=0, finish="stop", pid=None,

@@ -12,17 +12,15 @@ from sao.learner import LearnerConfig, make_train_batch, steps
 from sao.learner.learner import Learner, LearnerStates
 from sao.learner.update import gae_targets
 
-from .helpers import make_policy, one_device_mesh, random_trajs, traj
+from .helpers import SHARED_CFG, make_policy, one_device_mesh, random_trajs, shared_learner, traj
 
-CFG = LearnerConfig(batch_size=4, length_buckets=(8, 16), critic_warmup_steps=1,
-                    critic_steps=2, actor_lr=1e-2, critic_lr=1e-2, eps_low=0.5, eps_high=1.0,
-                    shard_check="raise")
+CFG = SHARED_CFG
 GOOD, BAD, OTHER = 10, 20, 30
 
 
 @pytest.fixture(scope="module")
 def learner():
-    return Learner(CFG, one_device_mesh(), make_policy(0))
+    return shared_learner()
 
 
 def _host(tree):
