@@ -119,7 +119,7 @@ class SGLangServer:
                 break
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                if proc.poll() is not None and not _group_alive(proc.pid):
+                if proc.poll() is not None and not process_group_alive(proc.pid):
                     break
                 time.sleep(0.2)
             else:
@@ -162,7 +162,8 @@ class SGLangServer:
         self.stop()
 
 
-def _group_alive(pgid: int) -> bool:
+def process_group_alive(pgid: int) -> bool:
+    """True while a process of group ``pgid`` runs (zombies do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
