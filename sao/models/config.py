@@ -52,6 +52,9 @@ class ModelConfig:
       param_dtype: storage dtype of parameters, "float32" or "bfloat16".
       dtype: compute dtype of activations; the LM head, log-softmax, norms,
         router and attention softmax always run in float32.
+      moe_impl: "dense" (every expert on every token, einsum; shardable over
+        the ``expert`` axis) or "ragged" (sorted grouped matmuls with
+        ``jax.lax.ragged_dot``: selected experts only). Same outputs.
       remat: recompute each block in the backward pass (``nnx.remat``): less
         activation memory for ~1/3 more compute. Not an HF field.
     """
@@ -77,6 +80,7 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     param_dtype: str = "float32"
     dtype: str = "float32"
+    moe_impl: str = "dense"
     remat: bool = False
 
     def __post_init__(self):
@@ -97,6 +101,8 @@ class ModelConfig:
                                  f"{self.num_experts_per_tok} / {self.num_experts}")
             if self.moe_intermediate_size <= 0:
                 raise ValueError("qwen3_moe needs moe_intermediate_size > 0")
+        if self.moe_impl not in ("dense", "ragged"):
+            raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
         for name in ("param_dtype", "dtype"):
             if getattr(self, name) not in ("float32", "bfloat16"):
                 raise ValueError(f"{name} must be 'float32' or 'bfloat16', got {getattr(self, name)!r}")

@@ -15,10 +15,16 @@ MoE parameters:
 
 Routing (HF Qwen3MoeSparseMoeBlock): ``p = softmax(x @ router)`` in float32,
 top-k experts per token, weights renormalised to sum 1 if ``norm_topk_prob``.
-The experts are evaluated densely for every token with einsums and combined by
-the (mostly zero) routing weights: simple, jit- and shard-friendly (experts
-shard on the ``expert`` mesh axis), at E/k times the FLOPs of a dispatching
-implementation.
+Two exact implementations, chosen by ``ModelConfig.moe_impl``:
+
+* ``"dense"`` (default): every expert runs on every token (einsums) and the
+  outputs are combined by the (mostly zero) routing weights. Simple, jit- and
+  shard-friendly (experts shard on the ``expert`` mesh axis), at E/k times the
+  FLOPs and a [B, T, E, Fm] intermediate.
+* ``"ragged"``: the N*k (token, expert) pairs are sorted by expert and run
+  through grouped matmuls (``jax.lax.ragged_dot``): only the selected experts'
+  FLOPs and an [N*k, Fm] intermediate. Single-device/replicated-experts form
+  (no all-to-all across an ``expert`` mesh axis).
 """
 from __future__ import annotations
 
@@ -70,6 +76,7 @@ class MoE(nnx.Module):
         self.k = cfg.num_experts_per_tok
         self.num_experts = e
         self.norm_topk_prob = cfg.norm_topk_prob
+        self.impl = cfg.moe_impl
         pdt = cfg.jnp_param_dtype
         kw = dict(dtype=cfg.jnp_dtype, param_dtype=pdt, rngs=rngs)
         self.router = Dense("btd,de->bte", (d, e), ("embed", None), **kw)
@@ -99,6 +106,26 @@ class MoE(nnx.Module):
                           * top_p[..., None], axis=-2)
         return combine, probs, top_i
 
+    def _dense(self, xd, combine, wg, wu, wd):
+        h = jax.nn.silu(jnp.einsum("btd,edf->btef", xd, wg)) * jnp.einsum("btd,edf->btef", xd, wu)
+        h = constrain(h, ("batch", "length", "experts", "mlp"))
+        h = h * combine.astype(self.dtype)[..., None]
+        return jnp.einsum("btef,efd->btd", h, wd)
+
+    def _ragged(self, xd, combine, top_i, wg, wu, wd):
+        b, t, d = xd.shape
+        n, k = b * t, self.k
+        expert = top_i.reshape(n * k)
+        order = jnp.argsort(expert, stable=True)
+        token = order // k  # pair p = token * k + slot
+        sizes = jnp.bincount(expert, length=self.num_experts).astype(jnp.int32)
+        xs = xd.reshape(n, d)[token]
+        h = jax.nn.silu(jax.lax.ragged_dot(xs, wg, sizes)) * jax.lax.ragged_dot(xs, wu, sizes)
+        ys = jax.lax.ragged_dot(h, wd, sizes)  # [N*k, D] in expert order
+        weight = jnp.take_along_axis(combine.reshape(n, -1), top_i.reshape(n, k), -1).reshape(n * k)
+        ys = ys * weight[order].astype(ys.dtype)[:, None]
+        return jnp.zeros((n, d), ys.dtype).at[token].add(ys).reshape(b, t, d)
+
     def __call__(self, x: jax.Array):
         """x: [B, T, D] -> (y [B, T, D], aux_loss f32 scalar)."""
         b, t, _ = x.shape
@@ -107,10 +134,10 @@ class MoE(nnx.Module):
         wg = self.experts_gate[...].astype(self.dtype)
         wu = self.experts_up[...].astype(self.dtype)
         wd = self.experts_down[...].astype(self.dtype)
-        h = jax.nn.silu(jnp.einsum("btd,edf->btef", xd, wg)) * jnp.einsum("btd,edf->btef", xd, wu)
-        h = constrain(h, ("batch", "length", "experts", "mlp"))
-        h = h * combine.astype(self.dtype)[..., None]
-        y = jnp.einsum("btef,efd->btd", h, wd)
+        if self.impl == "ragged":
+            y = self._ragged(xd, combine, top_i, wg, wu, wd)
+        else:
+            y = self._dense(xd, combine, wg, wu, wd)
         if self.shared_expert is not None:
             gate = jax.nn.sigmoid(self.shared_expert_gate(xd))
             y = y + gate * self.shared_expert(xd)

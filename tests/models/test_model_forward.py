@@ -114,6 +114,7 @@ CONFIGS = {
     "qwen3_moe_shared": get_preset("tiny-moe", num_layers=1),
     "qwen3_moe_unnormed": get_preset("tiny-moe", num_layers=1, norm_topk_prob=False,
                                      shared_expert_intermediate_size=0, num_experts_per_tok=1),
+    "qwen3_moe_ragged": get_preset("tiny-moe", num_layers=1, moe_impl="ragged"),
 }
 
 
@@ -173,7 +174,26 @@ def test_bad_config():
         get_preset("tiny", num_kv_heads=3)
     with pytest.raises(ValueError, match="arch"):
         get_preset("tiny", arch="gpt2")
+    with pytest.raises(ValueError, match="moe_impl"):
+        get_preset("tiny-moe", moe_impl="sparse")
     with pytest.raises(ValueError, match="num_experts_per_tok"):
         get_preset("tiny-moe", num_experts_per_tok=9)
     with pytest.raises(KeyError, match="tiny"):
         get_preset("nope")
+
+
+def test_ragged_moe_equals_dense_with_gradients():
+    cfg = get_preset("tiny-moe", num_layers=1)
+    dense = Transformer(cfg, rngs=nnx.Rngs(4))
+    graphdef, state = nnx.split(dense)
+    ragged_gd = nnx.graphdef(Transformer(cfg.replace(moe_impl="ragged"), rngs=nnx.Rngs(0)))
+    tokens = jax.random.randint(jax.random.key(5), (3, 9), 0, cfg.vocab_size)
+
+    def loss(gd, st):
+        return jnp.sum(jnp.tanh(nnx.merge(gd, st)(tokens)))
+
+    (l1, g1) = jax.jit(jax.value_and_grad(lambda st: loss(graphdef, st)))(state)
+    (l2, g2) = jax.jit(jax.value_and_grad(lambda st: loss(ragged_gd, st)))(state)
+    np.testing.assert_allclose(l1, l2, atol=1e-4)  # a sum of ~8k terms
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
