@@ -75,8 +75,7 @@ class LearnerConfig:
     # --- guards & determinism ----------------------------------------------
     shard_check: str = "warn"           # params >= shard_check_min_size replicated on a multi-device mesh: "off"|"warn"|"raise"
     shard_check_min_size: int = 2 ** 20  # elements
-    deterministic: bool = True          # bit-reproducible steps (fixed reduction order; no randomness in the update)
-    seed: int = 0                       # RNG seed saved with checkpoints
+    deterministic: bool = False         # require bit-reproducible steps: on GPU the Learner refuses to start without XLA's deterministic-ops flag
 
     def __post_init__(self):
         def need(cond, msg):

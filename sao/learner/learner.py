@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.learner import steps
-from sao.learner.batch import TrainBatch
+from sao.learner.batch import TrainBatch, make_train_batch
 from sao.learner.config import LearnerConfig
 from sao.learner.guards import check_sharded
 from sao.learner.mesh import batch_sharding
@@ -32,6 +32,24 @@ from sao.learner.state import TrainState, make_optimizer, plan_state, trainable_
 from sao.models import ValueModel
 
 ModelOrFactory = nnx.Module | Callable[[], nnx.Module]
+GPU_DETERMINISM_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def check_determinism(deterministic: bool, mesh: Mesh, env=None) -> None:
+    """With ``deterministic``, GPU meshes need ``GPU_DETERMINISM_FLAG`` in
+    ``XLA_FLAGS`` (set before JAX starts); CPU and TPU steps are already
+    reproducible (no randomness in the update, fixed micro-batch order).
+
+    Raises:
+      ValueError: a GPU mesh without the flag.
+    """
+    import os
+    env = os.environ if env is None else env
+    platforms = {d.platform for d in mesh.devices.flat}
+    if deterministic and platforms & {"gpu", "cuda", "rocm"}:
+        if GPU_DETERMINISM_FLAG not in env.get("XLA_FLAGS", ""):
+            raise ValueError(f"deterministic=True on GPU needs XLA_FLAGS={GPU_DETERMINISM_FLAG} "
+                             "before JAX starts (or set deterministic=False)")
 
 
 @flax.struct.dataclass
@@ -74,6 +92,7 @@ class Learner:
     def __init__(self, cfg: LearnerConfig, mesh: Mesh, policy: ModelOrFactory,
                  critic: ModelOrFactory | None = None):
         self.cfg, self.mesh = cfg, mesh
+        check_determinism(cfg.deterministic, mesh)
         self.num_micro = cfg.batch_size // cfg.micro_batch_size if cfg.micro_batch_size else 1
         self._rep = NamedSharding(mesh, PartitionSpec())
         self._bs = batch_sharding(mesh, (cfg.batch_size,))
@@ -155,11 +174,23 @@ class Learner:
         step = jax.device_put(jnp.zeros((), jnp.int32), self._rep)
         return LearnerStates(actor=actor, critic=critic, ref_params=ref, step=step)
 
-    def abstract_states(self, like: LearnerStates) -> LearnerStates:
-        """Shape/dtype/sharding tree of ``like`` placed on this learner's mesh:
-        the restore target for ``sao.ckpt.Checkpointer.restore``."""
+    def abstract_states(self, like: LearnerStates | None = None) -> LearnerStates:
+        """Shape/dtype/sharding tree of the states on this learner's mesh (of
+        ``like`` if given, else computed with ``jax.eval_shape``, nothing
+        materialised): the restore target for ``sao.ckpt.Checkpointer.restore``."""
+        if like is None:
+            actor = jax.eval_shape(self._actor_plan.init)
+            critic = jax.eval_shape(self._critic_plan.init) if self._critic_plan else None
+            like = LearnerStates(actor=actor, critic=critic,
+                                 ref_params=actor.params if self.cfg.kl_coef > 0 else None,
+                                 step=jax.ShapeDtypeStruct((), jnp.int32))
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             like, self.state_shardings)
+
+    def make_batch(self, trajectories) -> TrainBatch:
+        """`make_train_batch` with this config's buckets, batch size and pad id."""
+        return make_train_batch(trajectories, buckets=self.cfg.length_buckets,
+                                batch_size=self.cfg.batch_size, pad_id=self.cfg.pad_id)
 
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
         """Places a host `TrainBatch` on the mesh (rows sharded).

@@ -29,7 +29,7 @@ def one_device_mesh():
 # use one `Learner` (and its compiled steps) per test session.
 SHARED_CFG = LearnerConfig(batch_size=4, length_buckets=(8, 16), critic_warmup_steps=1,
                            critic_steps=2, actor_lr=1e-2, critic_lr=1e-2, eps_low=0.5,
-                           eps_high=1.0, shard_check="raise")
+                           eps_high=1.0, shard_check="raise", deterministic=True)
 
 
 @functools.lru_cache(maxsize=None)

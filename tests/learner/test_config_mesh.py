@@ -1,6 +1,7 @@
 """LearnerConfig validation and the mesh / multi-process decisions."""
 import jax
 import ml_collections
+import numpy as np
 import pytest
 
 from sao.learner.config import LearnerConfig
@@ -54,3 +55,16 @@ def test_mesh_from_config():
         mesh_from_config({"model": 2})
     with pytest.raises(ValueError, match="needs 6 devices"):
         mesh_from_config({"data": 3, "fsdp": 2})
+
+
+def test_determinism_check_needs_gpu_flag():
+    from types import SimpleNamespace
+
+    from sao.learner.learner import GPU_DETERMINISM_FLAG, check_determinism
+
+    gpu_mesh = SimpleNamespace(devices=np.array([SimpleNamespace(platform="gpu")]))
+    with pytest.raises(ValueError, match="xla_gpu_deterministic_ops"):
+        check_determinism(True, gpu_mesh, env={})
+    check_determinism(True, gpu_mesh, env={"XLA_FLAGS": GPU_DETERMINISM_FLAG})
+    check_determinism(False, gpu_mesh, env={})
+    check_determinism(True, mesh_from_config({"data": -1}), env={})
