@@ -14,7 +14,7 @@ from typing import Any
 
 TRUNCATION_POLICIES = ("terminal", "drop")
 SCHEDULES = ("constant", "cosine", "linear")
-ADVANTAGE_ESTIMATORS = ("gae", "grpo")
+ADVANTAGE_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "given")
 SHARD_CHECK_MODES = ("off", "warn", "raise")
 
 
@@ -32,7 +32,9 @@ class LearnerConfig:
     pad_id: int = 256                   # token id written into padding (byte tokenizer <pad>)
 
     # --- advantages (§3) --------------------------------------------------
-    advantage_estimator: str = "gae"    # "gae" (SAO/VAPO: critic + skip-obs GAE) or "grpo" (group-normalised, no critic)
+    advantage_estimator: str = "gae"    # "gae" (SAO/VAPO: critic + skip-obs GAE); critic-free: "grpo" | "dr_grpo" | "rloo"
+                                        # (groups = prompt_id), "reinforce_pp", or "given" (per-row advantages passed
+                                        # to sao_update, e.g. a running-mean baseline from sao.algo)
     gamma: float = 1.0                  # discount per action-token step [ours: paper silent]
     alpha: float = 1.5                  # length-adaptive λ_policy = 1 - 1/(alpha*l), VAPO
     lam_policy: float = -1.0            # fixed actor λ in [0, 1]; -1 = length-adaptive (default)

@@ -234,17 +234,21 @@ class Learner:
 
     # -- algorithm ----------------------------------------------------------
 
-    def sao_update(self, states: LearnerStates, batch: TrainBatch):
+    def sao_update(self, states: LearnerStates, batch: TrainBatch, seq_advantages=None):
         """See `sao.learner.update.sao_update`."""
         from sao.learner.update import sao_update
-        return sao_update(self, states, batch)
+        return sao_update(self, states, batch, seq_advantages)
 
-    def grpo_update(self, states: LearnerStates, batch: TrainBatch):
-        """See `sao.learner.update.sao_update` (group advantages, no critic)."""
+    def grpo_update(self, states: LearnerStates, batch: TrainBatch, seq_advantages=None):
+        """`sao_update` for a critic-free config (GRPO-style baselines).
+
+        Raises:
+          ValueError: the config uses a critic (``advantage_estimator="gae"``).
+        """
         if self.cfg.uses_critic:
-            raise ValueError("grpo_update needs advantage_estimator='grpo'")
+            raise ValueError("grpo_update needs a critic-free advantage_estimator, e.g. 'grpo'")
         from sao.learner.update import sao_update
-        return sao_update(self, states, batch)
+        return sao_update(self, states, batch, seq_advantages)
 
     def value_pretrain(self, states: LearnerStates, batches, **kw):
         """See `sao.learner.update.value_pretrain`."""

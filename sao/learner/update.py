@@ -9,10 +9,11 @@ pretraining (ALGORITHM.md §3-§5, §7).
     repeat K times: critic ← critic − ∇ 0.5 (V − R)²        on action tokens
     if learner step >= warm-up: actor ← actor − ∇ L_DIS(A)  (policy loss from the registry)
 
-With ``advantage_estimator="grpo"`` there is no critic: ``A`` is the
-group-normalised outcome reward of each row's prompt group (rows sharing a
-``prompt_id``), broadcast onto its action tokens, and the actor step runs
-every time. Truncated rows (``finish="length"``) are terminal with the
+With a critic-free ``advantage_estimator`` (``grpo``, ``dr_grpo``, ``rloo``,
+``reinforce_pp``, ``given``; `outcome_targets`) there is no critic: e.g. for
+``grpo`` ``A`` is the group-normalised outcome reward of each row's prompt
+group (rows sharing a ``prompt_id``), broadcast onto its action tokens, and
+the actor step runs every time. Truncated rows (``finish="length"``) are terminal with the
 environment's reward by default; ``truncation="drop"`` removes them from the
 policy loss (the critic still fits them).
 """
@@ -75,18 +76,34 @@ def gae_targets(batch: TrainBatch, values, version, *, gamma: float, alpha: floa
                 metrics=metrics)
 
 
-@functools.partial(jax.jit, static_argnames=("whiten", "drop_truncated"))
-def group_targets(batch: TrainBatch, version, *, whiten: bool, drop_truncated: bool):
-    """GRPO advantages (``sao.algo.grpo_advantages`` over ``group_ids``)
-    broadcast onto action tokens; same outputs as `gae_targets` minus returns."""
+@functools.partial(jax.jit, static_argnames=("estimator", "gamma", "whiten", "drop_truncated"))
+def outcome_targets(batch: TrainBatch, version, seq_advantages=None, *, estimator: str,
+                    gamma: float, whiten: bool, drop_truncated: bool):
+    """Critic-free advantages, broadcast onto the policy's action tokens.
+
+    ``estimator``: a ``sao.algo`` registry group estimator (``grpo``,
+    ``dr_grpo``, ``rloo``: outcome reward per row, groups = ``group_ids``),
+    ``reinforce_pp`` (token returns, whitened), or ``given`` (``seq_advantages
+    f32[B]`` computed by the caller, e.g. ``sao.algo.running_mean_advantages``).
+    Returns the outputs of `gae_targets` minus ``returns``.
+    """
     action, policy = _masks(batch, drop_truncated)
-    seq = algo.grpo_advantages(jnp.sum(batch.rewards, axis=1), batch.group_ids)
-    adv = algo.broadcast_to_actions(seq, policy)
+    kind = algo.ADVANTAGE_KINDS.get(estimator, estimator)
+    if kind == "group":
+        seq = algo.get_advantage_estimator(estimator)(jnp.sum(batch.rewards, axis=1),
+                                                      batch.group_ids)
+        adv = algo.broadcast_to_actions(seq, policy)
+    elif kind == "token_outcome":
+        adv = jnp.where(policy, algo.get_advantage_estimator(estimator)(
+            batch.rewards, action, gamma=gamma), 0.0)
+    else:
+        adv = algo.broadcast_to_actions(seq_advantages, policy)
     if whiten:
         adv = algo.masked_whiten(adv, policy)
     metrics = {"batch/advantage_mean": algo.masked_mean(adv, policy),
                "batch/num_action_tokens": jnp.sum(action).astype(jnp.float32),
                "batch/num_rows": jnp.sum(batch.row_mask),
+               "batch/num_truncated": jnp.sum(batch.truncated & (batch.row_mask > 0)),
                **_staleness(batch, action, version)}
     return dict(advantages=adv, action_mask=action, policy_mask=policy, metrics=metrics)
 
@@ -95,14 +112,16 @@ def _prefixed(prefix: str, metrics: dict) -> dict:
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
 
-def sao_update(learner: Learner, states: LearnerStates,
-               batch: TrainBatch) -> tuple[LearnerStates, dict[str, float]]:
+def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
+               seq_advantages=None) -> tuple[LearnerStates, dict[str, float]]:
     """One learner step on one batch (module doc). Donates ``states``.
 
     Args:
       learner: the `Learner` (config, mesh, compiled steps).
       states: current `LearnerStates`.
       batch: a host or placed `TrainBatch` with ``B = cfg.batch_size``.
+      seq_advantages: f32[B] per-row advantages, required with
+        ``advantage_estimator="given"`` and rejected otherwise.
     Returns:
       ``(new_states, metrics)``: python floats keyed ``batch/...``,
       ``critic/...`` (last of the K critic steps), ``actor/...`` (absent
@@ -110,6 +129,14 @@ def sao_update(learner: Learner, states: LearnerStates,
       ``learner/actor_updated``.
     """
     cfg = learner.cfg
+    if (seq_advantages is not None) != (cfg.advantage_estimator == "given"):
+        raise ValueError("seq_advantages must be given exactly when "
+                         f"advantage_estimator='given' (it is {cfg.advantage_estimator!r})")
+    if seq_advantages is not None:
+        seq_advantages = np.asarray(seq_advantages, np.float32)
+        if seq_advantages.shape != (cfg.batch_size,):
+            raise ValueError(f"seq_advantages must be f32[{cfg.batch_size}], got "
+                             f"{seq_advantages.shape}")
     if isinstance(batch.tokens, np.ndarray):
         batch = learner.put_batch(batch)
     step = int(states.step)
@@ -129,8 +156,10 @@ def sao_update(learner: Learner, states: LearnerStates,
                 critic, cm = learner._critic_step(critic, inputs)
                 metrics.update(_prefixed("critic", cm))
         else:
-            t = group_targets(batch, version, whiten=cfg.whiten_advantages,
-                              drop_truncated=cfg.truncation == "drop")
+            t = outcome_targets(batch, version, seq_advantages,
+                                estimator=cfg.advantage_estimator, gamma=cfg.gamma,
+                                whiten=cfg.whiten_advantages,
+                                drop_truncated=cfg.truncation == "drop")
         metrics.update(t["metrics"])
         actor = states.actor
         update_actor = not cfg.uses_critic or step >= cfg.critic_warmup_steps

@@ -181,3 +181,36 @@ def test_grpo_baseline_with_kl():
     np.testing.assert_allclose(m["batch/advantage_mean"], 0.0, atol=1e-5)
     assert lp1[0] > lp0[0] and lp1[1] < lp0[1]
     isinstance(states, LearnerStates)
+
+
+def test_outcome_targets_estimators():
+    from sao.learner.update import outcome_targets
+    trajs = [traj([257, 1], [10, 11], 1.0, pid="a"), traj([257, 1], [12], 0.0, pid="a"),
+             traj([257, 2], [13], 3.0, pid="b", finish="length")]
+    batch = jax.device_put(make_train_batch(trajs, buckets=(8,), batch_size=4, pad_id=256))
+    kw = dict(gamma=1.0, whiten=False, drop_truncated=False)
+    grpo = outcome_targets(batch, jnp.int32(2), estimator="grpo", **kw)["advantages"]
+    np.testing.assert_allclose(np.asarray(grpo[0, 2:4]), [1.0, 1.0], atol=1e-5)
+    np.testing.assert_allclose(float(grpo[1, 2]), -1.0, atol=1e-5)
+    assert float(jnp.abs(grpo[2]).sum()) == 0  # a group of one gets 0
+    rloo = outcome_targets(batch, jnp.int32(2), estimator="rloo", **kw)["advantages"]
+    np.testing.assert_allclose(float(rloo[0, 2]), 1.0)
+    np.testing.assert_allclose(float(rloo[1, 2]), -1.0)
+    given = outcome_targets(batch, jnp.int32(2), jnp.array([0.5, -0.5, 2.0, 9.0]),
+                            estimator="given", **kw)
+    np.testing.assert_allclose(np.asarray(given["advantages"][:, 2]), [0.5, -0.5, 2.0, 0.0])
+    assert float(given["metrics"]["batch/staleness_max"]) == 2.0
+    drop = outcome_targets(batch, jnp.int32(0), jnp.ones(4), estimator="given",
+                           gamma=1.0, whiten=False, drop_truncated=True)
+    assert float(jnp.abs(drop["advantages"][2]).sum()) == 0
+    rpp = outcome_targets(batch, jnp.int32(0), estimator="reinforce_pp", **kw)["advantages"]
+    assert rpp.shape == (4, 8) and float(jnp.abs(rpp[3]).sum()) == 0
+
+
+def test_seq_advantages_only_with_given(learner):
+    states = learner.abstract_states()
+    batch = make_train_batch([traj([1], [2], 1.0)], buckets=(8,), batch_size=4, pad_id=256)
+    with pytest.raises(ValueError, match="advantage_estimator='given'"):
+        learner.sao_update(states, batch, seq_advantages=np.zeros(4))
+    with pytest.raises(ValueError, match="critic-free"):
+        learner.grpo_update(states, batch)
