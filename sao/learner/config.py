@@ -78,6 +78,7 @@ class LearnerConfig:
     shard_check: str = "warn"           # params >= shard_check_min_size replicated on a multi-device mesh: "off"|"warn"|"raise"
     shard_check_min_size: int = 2 ** 20  # elements
     deterministic: bool = False         # require bit-reproducible steps: on GPU the Learner refuses to start without XLA's deterministic-ops flag
+    seed: int = 0                       # run seed, recorded with the config (the update itself draws no random numbers)
 
     def __post_init__(self):
         def need(cond, msg):
