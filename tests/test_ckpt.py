@@ -144,3 +144,19 @@ def test_sigkill_mid_save_leaves_restorable_latest(tmp_path, delay):
     with ocp.StandardCheckpointer() as ckptr:
         back = ckptr.restore(uri)
     assert len(back) == (1 if version == 1 else 12)
+
+
+def test_keeps_newest_n_and_bytes_data_state(tmp_path):
+    tree = {"w": np.arange(4, dtype=np.float32)}
+    with Checkpointer(str(tmp_path), max_to_keep=2) as ckpt:
+        for step in range(4):
+            ckpt.save(step, train_state=tree, data_state=b"\x00grain\xff", extra={"s": step})
+        ckpt.wait()
+        assert ckpt.all_steps() == [2, 3] and ckpt.latest_step() == 3
+        out = ckpt.restore(target=abstract_state(tree))
+    assert out.data_state == b"\x00grain\xff" and out.extra == {"s": 3}
+    with Checkpointer(str(tmp_path / "x")) as ckpt:
+        with pytest.raises(ValueError, match="JSON"):
+            ckpt.save(0, train_state=tree, data_state={1, 2})
+        with pytest.raises(FileNotFoundError):
+            ckpt.restore(target=abstract_state(tree))
