@@ -110,3 +110,30 @@ def ppo_loop(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, clip_c
             value = min(value, -a * clip_c)
         loss[idx] = value
     return loss
+
+
+def gspo_loop(logprobs, old_logprobs, advantages, mask, eps_low, eps_high):
+    """Per-token GSPO loss values: sequence ratio = geometric mean of token ratios."""
+    loss = np.zeros(logprobs.shape)
+    for b in range(logprobs.shape[0]):
+        idx = [t for t in range(logprobs.shape[1]) if mask[b, t]]
+        if not idx:
+            continue
+        s = np.exp(sum(float(logprobs[b, t]) - float(old_logprobs[b, t]) for t in idx) / len(idx))
+        for t in idx:
+            a = float(advantages[b, t])
+            loss[b, t] = max(-a * s, -a * min(max(s, 1 - eps_low), 1 + eps_high))
+    return loss
+
+
+def tis_loop(logprobs, old_logprobs, rollout_logprobs, advantages, mask, eps_low, eps_high,
+             cap, mode):
+    """PPO loss times the truncated (TIS) or masked (MIS) rollout importance weight."""
+    ppo = ppo_loop(logprobs, old_logprobs, advantages, mask, eps_low, eps_high)
+    loss = np.zeros(logprobs.shape)
+    for idx in np.ndindex(*logprobs.shape):
+        if mask[idx]:
+            w = np.exp(float(old_logprobs[idx]) - float(rollout_logprobs[idx]))
+            weight = min(w, cap) if mode == "truncate" else (w if w <= cap else 0.0)
+            loss[idx] = weight * ppo[idx]
+    return loss

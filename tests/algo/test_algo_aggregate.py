@@ -109,7 +109,7 @@ def test_registry():
         kw = {"rollout_logprobs": lp} if name.startswith("grpo_") else {}
         if name == "sao_dis":
             kw = {"eps_low": 0.3, "eps_high": 5.0}
-        loss, diag = fn(lp, lp, np.ones_like(lp), mask, **kw)
+        loss, diag = jax.jit(fn)(lp, lp, np.ones_like(lp), mask, **kw)  # jit-compatible
         assert loss.shape == (2, 5) and "mean_ratio" in diag, name
         # Ratio 1 and A = 1: DIS gives -logprob, the PPO-style losses -ratio = -1.
         np.testing.assert_allclose(loss, -lp if name == "sao_dis" else -1.0, rtol=1e-6)

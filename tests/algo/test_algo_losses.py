@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from algo_reference import dis_loop, ppo_loop
+from algo_reference import dis_loop, gspo_loop, ppo_loop, tis_loop
 from sao.algo import (aggregate, dis_policy_loss, entropy_from_logits, gspo_loss, kl_penalty,
                       ppo_clip_fraction, ppo_clip_loss, tis_policy_loss, value_loss)
 
@@ -107,6 +107,13 @@ def test_gspo_sequence_ratio_and_gradient():
     s = np.exp(np.where(mask, logprobs - old, 0).sum(1) / n)
     np.testing.assert_allclose(diag["mean_seq_ratio"], s.mean(), rtol=1e-5)
     np.testing.assert_allclose(loss, np.where(mask, -seq_adv[:, None] * s[:, None], 0), rtol=1e-5)
+    # Rows 0 and 1 move outside the band in the direction their advantage pushes.
+    shift = np.array([0.6, -0.6, 0.0, 0.05], np.float32)[:, None]
+    wide_lp = old + shift + 0.1 * np.random.default_rng(9).normal(size=old.shape).astype(np.float32)
+    wide, diag = jax.jit(fn)(wide_lp, old, adv, mask)
+    np.testing.assert_allclose(diag["clip_fraction"], 0.5)
+    np.testing.assert_allclose(wide, gspo_loop(wide_lp, old, adv, mask, 0.3, 0.4), rtol=1e-5,
+                               atol=1e-6)
     grad = jax.grad(lambda lp: aggregate(fn(lp, old, adv, mask)[0], mask,
                                          "seq-mean-token-mean"))(jnp.asarray(logprobs))
     expect = np.where(mask, -seq_adv[:, None] * s[:, None] / n[:, None] / B, 0)
@@ -124,6 +131,13 @@ def test_tis_and_mis_weights(mode):
     expect = [[-0.5, -1.5, -2.0 if mode == "truncate" else 0.0]]
     np.testing.assert_allclose(loss, expect, rtol=1e-6)
     np.testing.assert_allclose(diag["frac_is_capped"], 1 / 3, rtol=1e-6)
+    rng_lp, old_lp, adv_r, mask_r = make_inputs(7, spread=0.3)
+    roll_lp = old_lp + 0.8 * np.random.default_rng(8).normal(size=old_lp.shape).astype(np.float32)
+    loss, _ = jax.jit(functools.partial(tis_policy_loss, cap=1.5, mode=mode))(
+        rng_lp, old_lp, adv_r, mask_r, rollout_logprobs=roll_lp)
+    np.testing.assert_allclose(
+        loss, tis_loop(rng_lp, old_lp, roll_lp, adv_r, mask_r, 0.2, 0.28, 1.5, mode),
+        rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="mode"):
         tis_policy_loss(logprobs, old, adv, np.ones_like(old, bool), rollout_logprobs=rollout,
                         mode="clip")
