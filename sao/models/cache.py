@@ -77,12 +77,22 @@ def fill_cache(cache: KVCache, kvs: list[tuple[jax.Array, jax.Array]]) -> KVCach
 
 
 @jax.jit
-def write_cache_row(cache: KVCache, row: jax.Array, row_cache: KVCache) -> KVCache:
-    """Copies a one-row cache (e.g. from `prefill` on a batch of 1) into row
-    ``row`` (i32 scalar) of a batch cache; other rows are untouched.
-
-    Shapes: cache [B, S, K, hd] per layer, row_cache [1, S, K, hd].
-    """
+def _write_row(cache: KVCache, row: jax.Array, row_cache: KVCache) -> KVCache:
     def put(full, one):
         return jax.lax.dynamic_update_slice_in_dim(full, one.astype(full.dtype), row, axis=0)
     return jax.tree.map(put, cache, row_cache)
+
+
+def write_cache_row(cache: KVCache, row, row_cache: KVCache) -> KVCache:
+    """Copies a one-row cache (e.g. from `prefill` on a batch of 1) into row
+    ``row`` (int or i32 scalar) of a batch cache; other rows are untouched.
+
+    Shapes: cache [B, S, K, hd] per layer, row_cache [1, S, K, hd].
+    Raises:
+      ValueError: row_cache is not one row of the same layers/slots/heads.
+    """
+    full, one = cache.k[0].shape, row_cache.k[0].shape
+    if len(cache.k) != len(row_cache.k) or one[0] != 1 or one[1:] != full[1:]:
+        raise ValueError(f"row cache {len(row_cache.k)} x {one} does not fit one row of "
+                         f"{len(cache.k)} x {full}")
+    return _write_row(cache, jnp.asarray(row, jnp.int32), row_cache)

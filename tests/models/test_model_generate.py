@@ -144,3 +144,5 @@ def test_bad_arguments(model):
         generate(model, PROMPTS, LENGTHS, rng=jax.random.key(0), max_new_tokens=0)
     with pytest.raises(ValueError, match="max_len"):
         prefill(model, PROMPTS, LENGTHS, init_cache(model.cfg, 2, 4))
+    with pytest.raises(ValueError, match="row cache"):
+        write_cache_row(init_cache(model.cfg, 2, 16), 0, init_cache(model.cfg, 1, 8))
