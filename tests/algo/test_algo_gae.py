@@ -186,7 +186,7 @@ def test_no_recompile_for_new_values():
 B, T, T_PAD = 3, 12, 30
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
 @given(data=st.data(), method=st.sampled_from(METHODS),
        gamma=st.floats(0.5, 1.0), lam=st.floats(0.0, 1.0))
 def test_all_ones_mask_reduces_to_classic_gae(data, method, gamma, lam):
@@ -198,7 +198,7 @@ def test_all_ones_mask_reduces_to_classic_gae(data, method, gamma, lam):
     np.testing.assert_allclose(adv, ref, rtol=1e-5, atol=1e-4)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
 @given(data=st.data(), method=st.sampled_from(METHODS))
 def test_inserting_observation_tokens_leaves_action_advantages(data, method):
     floats = st.floats(-10, 10, width=32)
@@ -216,5 +216,6 @@ def test_inserting_observation_tokens_leaves_action_advantages(data, method):
         big[1][b, positions] = values[b]
         big[2][b, positions] = mask[b]
     adv, ret = jitted_gae(method)(*big, gamma=0.97, lam=0.9)
-    np.testing.assert_allclose(adv[big[2]], base_adv[mask], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ret[big[2]], base_ret[mask], rtol=1e-5, atol=1e-5)
+    # f32 rounding differs with block alignment; |A| can reach ~300, hence atol.
+    np.testing.assert_allclose(adv[big[2]], base_adv[mask], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(ret[big[2]], base_ret[mask], rtol=1e-5, atol=1e-4)
