@@ -203,7 +203,10 @@ def params_from_hf(cfg: ModelConfig, state: Mapping[str, np.ndarray]) -> dict[tu
     experts: dict[tuple, dict[int, np.ndarray]] = {}
     for name, path, to_ours, _ in entries:
         w = np.asarray(state[name])
-        w = to_ours(w) if to_ours else w
+        try:
+            w = to_ours(w) if to_ours else w
+        except ValueError as e:  # a reshape that does not fit the config
+            raise ValueError(f"{name}: shape {w.shape} does not fit the config ({e})") from e
         if isinstance(path[-1], int):
             experts.setdefault(path[:-1], {})[path[-1]] = w
         else:

@@ -105,6 +105,10 @@ def test_errors(tmp_path):
     bad["lm_head.weight"] = bad["model.embed_tokens.weight"] + 1
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         hf.params_from_hf(tied, bad)
+    wrong = hf.params_to_hf(tied, hf.random_params(tied, 0))
+    wrong["model.layers.1.self_attn.k_proj.weight"] = np.zeros((5, tied.hidden_size), np.float32)
+    with pytest.raises(ValueError, match=r"k_proj.weight: shape \(5, 32\)"):
+        hf.params_from_hf(tied, wrong)
     good = hf.params_to_hf(tied, hf.random_params(tied, 0))
     good["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)
     assert len(hf.params_from_hf(tied, good)) == len(hf.param_shapes(tied))
