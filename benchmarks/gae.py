@@ -141,7 +141,8 @@ def main():
     print(f"{'python loop (scaled)':<22}{t_loop * 1e3:>9.1f}{c_loop * 1e3:>9.1f}"
           f"{nbytes / t_loop / 1e9:>8.3f}")
     print(f"{'numpy time loop':<22}{t_np * 1e3:>9.1f}{c_np * 1e3:>9.1f}{nbytes / t_np / 1e9:>8.3f}")
-    print(f"{'bandwidth reference':<22}{t_bw * 1e3:>9.2f}{c_bw * 1e3:>9.2f}{nbytes / t_bw / 1e9:>8.2f}")
+    print(f"{'bandwidth reference':<22}{t_bw * 1e3:>9.2f}{c_bw * 1e3:>9.2f}"
+          f"{nbytes / t_bw / 1e9:>8.2f}")
     for method, fn in fns.items():
         t, c = timeit(lambda fn=fn: jax.block_until_ready(fn(r, v, m)), args.repeats)
         figures.update({

@@ -125,7 +125,8 @@ def _check_inputs(rewards, values, action_mask, bootstrap_value):
         raise ValueError(f"rewards, values, action_mask must share one [B, T] shape, got {shapes}")
     batch = shapes["rewards"][0]
     if bootstrap_value is not None and jnp.shape(bootstrap_value) != (batch,):
-        raise ValueError(f"bootstrap_value must be f32[B]=({batch},), got {jnp.shape(bootstrap_value)}")
+        raise ValueError(f"bootstrap_value must be f32[B]=({batch},), "
+                         f"got {jnp.shape(bootstrap_value)}")
 
 
 def _check_unit_interval(name, x):

@@ -141,7 +141,8 @@ def test_bf16_inputs_are_computed_in_f32(method):
     r16, v16 = jnp.asarray(rewards, jnp.bfloat16), jnp.asarray(values, jnp.bfloat16)
     adv, ret = gae(r16, v16, mask, gamma=0.99, lam=0.95, method=method)
     assert adv.dtype == jnp.float32 and ret.dtype == jnp.float32
-    ref_adv, _ = gae_loop(np.asarray(r16, np.float32), np.asarray(v16, np.float32), mask, 0.99, 0.95)
+    r32, v32 = np.asarray(r16, np.float32), np.asarray(v16, np.float32)
+    ref_adv, _ = gae_loop(r32, v32, mask, 0.99, 0.95)
     np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
 
 
