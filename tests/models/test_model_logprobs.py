@@ -114,3 +114,27 @@ def test_remat_gives_the_same_gradient(model, tokens):
     g2 = jax.jit(jax.grad(lambda st: loss(remat_graphdef, st)))(state)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_model_learns_a_fixed_batch(model):
+    """One-step-at-a-time smoke test: the log-prob loss trains end to end."""
+    import optax
+    text = b"<answer>42</answer> " * 2
+    tokens = jnp.asarray([list(text)] * 4, jnp.int32)
+    graphdef, state = nnx.split(model)
+    tx = optax.adam(1e-2)
+    opt_state = tx.init(state)
+
+    @jax.jit
+    def step(state, opt_state):
+        loss, grads = jax.value_and_grad(
+            lambda st: -token_logprobs(nnx.merge(graphdef, st), tokens, chunk=16)[:, 1:].mean())(state)
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss
+
+    losses = []
+    for _ in range(20):
+        state, opt_state, loss = step(state, opt_state)
+        losses.append(float(loss))
+    assert losses[0] > 5.0  # ~log(272) at init
+    assert losses[-1] < 0.3 * losses[0], losses
