@@ -24,11 +24,12 @@ def test_rules_table_dedup_and_divisibility():
     assert logical_to_spec(("embed", "heads", "head_dim"), (576, 9, 64), mesh) == P("fsdp", None, None)
     # the expert axis has size 1 here: dropped.
     assert logical_to_spec(("experts", "embed", "mlp"), (4, 128, 96), mesh) == P(None, "fsdp", "tensor")
-    with axis_rules(LOGICAL_AXIS_RULES + (("vocab", None),)):
-        pass
     custom = tuple((k, None if k == "embed" else v) for k, v in LOGICAL_AXIS_RULES)
     with axis_rules(custom):
         assert logical_to_spec(("embed", "mlp"), (128, 384), mesh) == P(None, "tensor")
+    assert logical_to_spec(("embed",), (128,), mesh) == P("fsdp")  # default restored
+    # batch 2 fits data=2 but not data*fsdp=4: the longest dividing prefix is kept.
+    assert logical_to_spec(("batch",), (2,), mesh) == P("data")
     with pytest.raises(ValueError, match="no rule"):
         logical_to_spec(("bogus",), (4,), mesh)
     with pytest.raises(ValueError, match="devices"):
