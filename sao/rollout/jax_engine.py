@@ -4,10 +4,12 @@ A fixed number of slots (rows of one KV cache) serve requests from many
 concurrent episodes. Each scheduler iteration (1) applies a pending weight
 swap, (2) prefills queued requests into free slots (one row at a time, prompt
 padded to a power-of-two bucket to bound recompiles, first token sampled from
-the prefill logits), (3) runs one decode step for all slots and samples the
-next token of every active row. A finished row frees its slot at once.
+the prefill logits), (3) runs a chunk of ``decode_chunk`` decode steps for all
+slots on device (one `lax.scan`, one host round trip) and hands each active
+row its tokens up to its stop token or budget. A finished row frees its slot
+at the end of the chunk.
 
-Weights are swapped only between steps, and never drop a request: rows keep
+Weights are swapped only between chunks, and never drop a request: rows keep
 their KV cache (computed by the older weights, as in any partial rollout) and
 every token records the version that sampled it, so versions are
 non-decreasing along each completion (ALGORITHM.md §6).
@@ -40,15 +42,29 @@ from sao.rollout.base import Completion, Engine, EngineError, SamplingParams, ch
 log = logging.getLogger(__name__)
 
 
-@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("truncate",),
+@functools.partial(jax.jit, static_argnums=(0,), static_argnames=("truncate", "num_steps"),
                    donate_argnums=(4,))
-def _step(graphdef, params, last_tokens, positions, cache, rng, temperature, top_p, top_k,
-          *, truncate):
-    """One decode step + sampling for every slot: -> (tokens i32[S], logprobs f32[S], cache)."""
-    model = nnx.merge(graphdef, params)
-    logits, cache = decode_step(model, last_tokens, positions, cache)
-    tokens, logprobs = sample_tokens(rng, logits, temperature, top_p, top_k, truncate=truncate)
-    return tokens, logprobs, cache
+def _decode_chunk(graphdef, params, last_tokens, positions, cache, rng, temperature, top_p,
+                  top_k, *, truncate, num_steps):
+    """``num_steps`` decode steps + sampling for every slot, on device.
+
+    last_tokens, positions: i32[S]; returns (tokens i32[S, n], logprobs
+    f32[S, n], cache). Rows that finish inside the chunk keep decoding (their
+    extra tokens are discarded by the host); positions are clamped to the
+    cache so such rows never write outside their own row.
+    """
+    max_pos = cache.max_len - 1
+
+    def body(carry, key):
+        last, pos, cache = carry
+        model = nnx.merge(graphdef, params)
+        logits, cache = decode_step(model, last, pos, cache)
+        tok, lp = sample_tokens(key, logits, temperature, top_p, top_k, truncate=truncate)
+        return (tok, jnp.minimum(pos + 1, max_pos), cache), (tok, lp)
+
+    (_, _, cache), (tokens, logprobs) = jax.lax.scan(
+        body, (last_tokens, positions, cache), jax.random.split(rng, num_steps))
+    return tokens.T, logprobs.T, cache
 
 
 @functools.partial(jax.jit, static_argnums=(0,), static_argnames=("truncate",),
@@ -102,13 +118,19 @@ class JaxEngine(Engine):
       version: learner version of ``model``'s weights.
       seed: PRNG seed of the sampler.
       cache_dtype: KV cache dtype (default: the model's compute dtype).
-    Raises ValueError if ``max_slots`` or ``max_len`` is < 1.
+      decode_chunk: decode steps per device call (multi-step scheduling):
+        fewer host round trips, at the price of admissions and weight swaps
+        waiting up to that many steps and finished rows idling until the
+        chunk ends. 1 = classic one-step continuous batching.
+    Raises ValueError if ``max_slots``, ``max_len`` or ``decode_chunk`` is < 1.
     """
 
     def __init__(self, model, *, max_slots: int = 8, max_len: int = 1024, version: int = 0,
-                 seed: int = 0, cache_dtype=None):
-        if max_slots < 1 or max_len < 2:
-            raise ValueError(f"max_slots >= 1 and max_len >= 2 needed, got {max_slots}, {max_len}")
+                 seed: int = 0, cache_dtype=None, decode_chunk: int = 8):
+        if max_slots < 1 or max_len < 2 or decode_chunk < 1:
+            raise ValueError(f"max_slots >= 1, max_len >= 2 and decode_chunk >= 1 needed, "
+                             f"got {max_slots}, {max_len}, {decode_chunk}")
+        self.decode_chunk = int(decode_chunk)
         self.cfg = model.cfg
         self.max_slots, self.max_len = int(max_slots), int(max_len)
         self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
@@ -231,9 +253,11 @@ class JaxEngine(Engine):
                         await self._wakeup.wait()
                     continue
                 toks, lps = await loop.run_in_executor(self._worker, self._step_sync)
-                for row, req in enumerate(self._slots):
-                    if req is not None:
-                        self._record(row, req, int(toks[row]), float(lps[row]))
+                for row, req in enumerate(list(self._slots)):
+                    for j in range(toks.shape[1] if req is not None else 0):
+                        if self._slots[row] is not req:  # finished inside the chunk
+                            break
+                        self._record(row, req, int(toks[row, j]), float(lps[row, j]))
         except asyncio.CancelledError:
             self._fail_all(EngineError("engine closed"))
             raise
@@ -287,6 +311,7 @@ class JaxEngine(Engine):
         return int(tok[0]), float(lp[0])
 
     def _step_sync(self) -> tuple[np.ndarray, np.ndarray]:
+        """One decode chunk: -> (tokens i32[S, n], logprobs f32[S, n]) on the host."""
         s = self.max_slots
         last, pos = np.zeros(s, np.int32), np.zeros(s, np.int32)
         temp, top_p, top_k = np.ones(s, np.float32), np.ones(s, np.float32), np.zeros(s, np.int32)
@@ -299,9 +324,9 @@ class JaxEngine(Engine):
             temp[row], top_p[row], top_k[row] = (req.params.temperature, req.params.top_p,
                                                  max(req.params.top_k, 0))
             truncate |= _needs_truncation(req.params)
-        toks, lps, self._cache = _step(self._graphdef, self._params, jnp.asarray(last),
-                                       jnp.asarray(pos), self._cache, self._next_rng(),
-                                       jnp.asarray(temp), jnp.asarray(top_p), jnp.asarray(top_k),
-                                       truncate=truncate)
-        self.steps += 1
+        toks, lps, self._cache = _decode_chunk(
+            self._graphdef, self._params, jnp.asarray(last), jnp.asarray(pos), self._cache,
+            self._next_rng(), jnp.asarray(temp), jnp.asarray(top_p), jnp.asarray(top_k),
+            truncate=truncate, num_steps=self.decode_chunk)
+        self.steps += self.decode_chunk
         return np.asarray(toks), np.asarray(lps)

@@ -76,13 +76,13 @@ def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
     path = str(tmp_path / "publish" / "3")
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(path, nnx.state(other, nnx.Param))
-    sp = SamplingParams(max_new_tokens=24)
+    sp = SamplingParams(max_new_tokens=40)  # ~10 chunks of 4: the swap lands mid-way
 
     async def main():
-        engine = JaxEngine(model, max_slots=4, max_len=64)
+        engine = JaxEngine(model, max_slots=4, max_len=64, decode_chunk=4)
         try:
             tasks = [asyncio.create_task(engine.generate(p, sp)) for p in prompts(4, seed=1)]
-            while engine.steps < 5:
+            while engine.steps < 4:
                 await asyncio.sleep(0.005)
             await engine.load_weights(1, nnx.state(other, nnx.Param))
             swapped = await asyncio.gather(*tasks)
@@ -96,7 +96,7 @@ def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
             await engine.close()
     swapped, after = asyncio.run(main())
     for c in swapped:
-        assert len(c.tokens) == 24 and c.finish_reason == "length"
+        assert len(c.tokens) == 40 and c.finish_reason == "length"
         assert c.versions == sorted(c.versions) and c.versions[0] == 0 and c.versions[-1] == 1
     assert after.versions == [3] * 8
     np.testing.assert_allclose(after.logprobs, recomputed(other, [1, 2, 3], after, 0.8), atol=1e-5)
