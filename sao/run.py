@@ -30,8 +30,11 @@ DRIVER_KEYS = ("running_mean_window", "value_pretrain_trajectories")
 
 def learner_config(cfg: ml_collections.ConfigDict):
     """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys)."""
+    import dataclasses
     from sao.learner import LearnerConfig
-    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(), "seed": cfg.seed}
+    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict()}
+    if "seed" in {f.name for f in dataclasses.fields(LearnerConfig)}:
+        merged["seed"] = cfg.seed
     return LearnerConfig.from_config({k: v for k, v in merged.items() if k not in DRIVER_KEYS})
 
 
@@ -423,6 +426,8 @@ class _LearnerContext:
                                                        batch_size=self.cfg.learner.batch_size)
 
     def save(self, checkpointer, states, step: int, *, data_state, extra) -> None:
+        if step in checkpointer.all_steps():
+            return
         checkpointer.save(step, train_state=states, policy_version=states.policy_version,
                           data_state=data_state, extra=extra, force=True)
         checkpointer.wait()
