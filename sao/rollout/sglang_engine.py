@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from typing import Any, Sequence
 
@@ -147,6 +148,10 @@ class SGLangEngine(Engine):
     async def load_weights(self, version: int, uri: Any) -> None:
         """Serves the HF directory ``uri`` as learner ``version``.
 
+        A ``sao.ckpt.publish`` uri (``<version dir>/params``, orbax) is mapped
+        to its HF export ``<version dir>/hf`` (publish with ``hf_export``);
+        the path must be readable by the server.
+
         Raises ValueError if ``version`` is older than the served one or ``uri``
         is not a path; EngineError if the server refuses the update.
         """
@@ -154,6 +159,7 @@ class SGLangEngine(Engine):
             raise ValueError(f"version {version} is older than the served {self._version}")
         if not isinstance(uri, str):
             raise ValueError(f"SGLangEngine loads HF directories (a path), got {type(uri).__name__}")
+        uri = hf_dir_of(uri)
         if self.restart_on_reload:
             self._open.clear()
             try:
@@ -195,6 +201,15 @@ class SGLangEngine(Engine):
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def hf_dir_of(uri: str) -> str:
+    """The HF directory for a load: ``<dir>/params`` (a publish uri) -> ``<dir>/hf``,
+    anything else unchanged."""
+    path = uri.rstrip("/")
+    if os.path.basename(path) == "params":
+        return os.path.join(os.path.dirname(path), "hf")
+    return uri
 
 
 def _parse_completion(out: dict[str, Any], version: int) -> Completion:

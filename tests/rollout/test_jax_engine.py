@@ -5,10 +5,10 @@ import functools
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
+from sao.ckpt import latest_published, publish
 from sao.models import Transformer, get_preset, token_logprobs
 from sao.rollout import SamplingParams
 from sao.rollout.jax_engine import JaxEngine
@@ -73,9 +73,8 @@ def test_concurrent_requests_logprobs_match_token_logprobs(models):
 
 def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
     model, other = models
-    path = str(tmp_path / "publish" / "3")
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path, nnx.state(other, nnx.Param))
+    publish(str(tmp_path / "publish"), 3, nnx.state(other, nnx.Param))  # the learner's publish
+    version, path = latest_published(str(tmp_path / "publish"))
     sp = SamplingParams(max_new_tokens=40)  # ~10 chunks of 4: the swap lands mid-way
 
     async def main():
@@ -88,7 +87,7 @@ def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
             swapped = await asyncio.gather(*tasks)
             with pytest.raises(ValueError, match="older"):
                 await engine.load_weights(0, nnx.state(model, nnx.Param))
-            await engine.load_weights(3, path)  # idle engine: orbax restore, applied at once
+            await engine.load_weights(version, path)  # idle engine: orbax restore, applied now
             after = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=8,
                                                                     temperature=0.8))
             return swapped, after

@@ -114,12 +114,12 @@ def test_health_and_unreachable_server():
 def test_load_weights_from_disk_then_flush():
     fake = FakeSGLang()
     async def body(e):
-        await e.load_weights(4, "/ckpt/4/hf")
+        await e.load_weights(4, "/ckpt/v0000000004/params")  # a sao.ckpt.publish uri
         with pytest.raises(ValueError, match="older"):
             await e.load_weights(2, "/ckpt/2/hf")
         return (await e.generate([1], SamplingParams())).versions
     assert run_with(fake, body) == [4, 4, 4]
-    assert fake.updates == [{"model_path": "/ckpt/4/hf", "weight_version": "4"}]
+    assert fake.updates == [{"model_path": "/ckpt/v0000000004/hf", "weight_version": "4"}]
     assert fake.flushes == 1
 
 
