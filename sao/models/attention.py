@@ -36,6 +36,28 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return out.reshape(b, t, h, hd)
 
 
+def _attend_causal_chunked(q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:
+    """Causal attention over query blocks of ``chunk`` (``jax.lax.map`` +
+    ``jax.checkpoint``): scores are at most [B, H, chunk, T] at a time, in the
+    forward and the backward pass. q: [B, T, H, hd]; k, v: [B, T, K, hd]."""
+    b, t, h, hd = q.shape
+    pad = (-t) % chunk
+    qp = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    n = (t + pad) // chunk
+    blocks = qp.reshape(b, n, chunk, h, hd).swapaxes(0, 1)
+    starts = jnp.arange(n) * chunk
+
+    @jax.checkpoint
+    def one(args):
+        qb, start = args
+        rows = start + jnp.arange(chunk)[:, None]
+        mask = (jnp.arange(t)[None, :] <= rows)[None]
+        return _attend(qb, k, v, mask)
+
+    out = jax.lax.map(one, (blocks, starts))
+    return out.swapaxes(0, 1).reshape(b, n * chunk, h, hd)[:, :t]
+
+
 class Attention(nnx.Module):
     """Causal GQA self-attention (Qwen3 / Llama)."""
 
@@ -44,6 +66,7 @@ class Attention(nnx.Module):
         kw = dict(dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype, rngs=rngs)
         bias = cfg.attention_bias
         self.theta = cfg.rope_theta
+        self.chunk = cfg.attention_chunk
         self.q_proj = Dense("btd,dhk->bthk", (d, h, hd), ("embed", "heads", "head_dim"),
                             bias_shape=(h, hd) if bias else None,
                             bias_names=("heads", "head_dim"), **kw)
@@ -81,8 +104,10 @@ class Attention(nnx.Module):
         """
         q, k, v = self._qkv(x, positions)
         t = x.shape[1]
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))[None]
-        out = _attend(q, k, v, causal)
+        if self.chunk and t > self.chunk:
+            out = _attend_causal_chunked(q, k, v, self.chunk)
+        else:
+            out = _attend(q, k, v, jnp.tril(jnp.ones((t, t), dtype=bool))[None])
         return self.o_proj(out), (k, v)
 
     def decode(self, x: jax.Array, positions: jax.Array, k_cache: jax.Array, v_cache: jax.Array):

@@ -52,6 +52,9 @@ class ModelConfig:
       param_dtype: storage dtype of parameters, "float32" or "bfloat16".
       dtype: compute dtype of activations; the LM head, log-softmax, norms,
         router and attention softmax always run in float32.
+      attention_chunk: sequences longer than this are attended in query
+        blocks of this size (scores [B, H, chunk, T] at a time, recomputed in
+        the backward pass); 0 = one block. Same outputs. Not an HF field.
       moe_impl: "dense" (every expert on every token, einsum; shardable over
         the ``expert`` axis) or "ragged" (sorted grouped matmuls with
         ``jax.lax.ragged_dot``: selected experts only). Same outputs.
@@ -80,6 +83,7 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     param_dtype: str = "float32"
     dtype: str = "float32"
+    attention_chunk: int = 1024
     moe_impl: str = "dense"
     remat: bool = False
 
@@ -101,6 +105,8 @@ class ModelConfig:
                                  f"{self.num_experts_per_tok} / {self.num_experts}")
             if self.moe_intermediate_size <= 0:
                 raise ValueError("qwen3_moe needs moe_intermediate_size > 0")
+        if self.attention_chunk < 0:
+            raise ValueError(f"attention_chunk must be >= 0, got {self.attention_chunk}")
         if self.moe_impl not in ("dense", "ragged"):
             raise ValueError(f"moe_impl must be 'dense' or 'ragged', got {self.moe_impl!r}")
         for name in ("param_dtype", "dtype"):
