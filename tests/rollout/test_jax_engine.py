@@ -2,6 +2,7 @@
 import asyncio
 import dataclasses
 import functools
+import types
 
 import jax
 import numpy as np
@@ -10,8 +11,10 @@ from flax import nnx
 
 from sao.ckpt import latest_published, publish
 from sao.models import Transformer, get_preset, token_logprobs
-from sao.rollout import SamplingParams
+from sao.models.tokenizer import ByteTokenizer
+from sao.rollout import SamplingParams, run_episodes
 from sao.rollout.jax_engine import JaxEngine
+from sao.types import validate
 
 # Smaller than the `tiny` preset: this file is about scheduling, not capacity.
 CFG = dataclasses.replace(get_preset("tiny"), hidden_size=64, num_layers=1, num_heads=2,
@@ -120,3 +123,44 @@ def test_bad_requests_are_rejected(models):
         finally:
             await engine.close()
     asyncio.run(main())
+
+
+class _EchoEnv:
+    """Answers every turn with a short observation; done after three turns."""
+
+    def __init__(self):
+        self.turns = 0
+
+    def reset(self, prompt):
+        return prompt["text"]
+
+    def step(self, action_text):
+        self.turns += 1
+        done = self.turns >= 3
+        return types.SimpleNamespace(observation_text=None if done else f"obs{self.turns}",
+                                     done=done, reward=float(done), info={})
+
+
+def test_agent_loop_on_jax_engine_logprobs_match_learner_over_whole_trajectory(models):
+    """Multi-turn trajectories from the real engine: at every action token the
+    engine's log-prob equals the learner's log-prob over the whole trajectory
+    (observation tokens in the context, nothing re-tokenised)."""
+    model, _ = models
+    tok = ByteTokenizer()
+    sp = SamplingParams(temperature=0.8, max_new_tokens=6, stop_token_ids=tuple(range(0, 256, 5)))
+
+    async def main():
+        engine = JaxEngine(model, max_slots=4, max_len=64)
+        try:
+            return await run_episodes(engine, _EchoEnv, tok,
+                                      [{"prompt_id": f"p{i}", "text": f"q{i}?"} for i in range(4)],
+                                      sp, concurrency=4, max_turns=3, max_total_tokens=60)
+        finally:
+            await engine.close()
+    trajs = asyncio.run(main())
+    for traj in trajs:
+        assert validate(traj, vocab_size=CFG.vocab_size, learner_version=0) is None
+        ours = recomputed(model, [], types.SimpleNamespace(tokens=traj.tokens.tolist()), 0.8)
+        mask = traj.action_mask
+        np.testing.assert_allclose(traj.rollout_logprobs[mask], ours[mask], atol=1e-5)
+    assert any(t.metadata["num_turns"] > 1 for t in trajs)
