@@ -73,17 +73,28 @@ class SGLangEngine(Engine):
         self.server = server
         self.restart_on_reload = restart_on_reload
         self._session: aiohttp.ClientSession | None = None
-        self._open = asyncio.Event()  # cleared while a restart-reload runs
-        self._open.set()
-        self._inflight = 0
-        self._idle = asyncio.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.num_retries = 0
 
     @property
     def version(self) -> int:
         return self._version
 
+    def _bind_loop(self) -> None:
+        """Sessions and asyncio primitives belong to one event loop: a caller
+        may drive this engine from successive ``asyncio.run`` calls."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return
+        self._loop = loop
+        self._session = None  # a session of a closed loop cannot be reused
+        self._open = asyncio.Event()  # cleared while a restart-reload runs
+        self._open.set()
+        self._inflight = 0
+        self._idle = asyncio.Condition()
+
     def _http(self) -> aiohttp.ClientSession:
+        self._bind_loop()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
@@ -127,6 +138,7 @@ class SGLangEngine(Engine):
             },
             "return_logprob": True,
         }
+        self._bind_loop()
         await self._open.wait()
         self._inflight += 1
         try:
@@ -160,6 +172,7 @@ class SGLangEngine(Engine):
         if not isinstance(uri, str):
             raise ValueError(f"SGLangEngine loads HF directories (a path), got {type(uri).__name__}")
         uri = hf_dir_of(uri)
+        self._bind_loop()
         if self.restart_on_reload:
             self._open.clear()
             try:
@@ -198,7 +211,7 @@ class SGLangEngine(Engine):
             return False
 
     async def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
             self._session = None
 

@@ -4,6 +4,7 @@ The real server is exercised in test_sglang_server.py; these tests pin the
 client's behaviour on the failure paths a real server rarely shows on demand.
 """
 import asyncio
+import threading
 
 import pytest
 from aiohttp import web
@@ -147,3 +148,31 @@ def test_restart_on_reload_drains_in_flight_requests_first():
     assert c2.versions == [1, 1, 1] and fake.updates == []
     with pytest.raises(ValueError, match="needs the SGLangServer"):
         SGLangEngine("http://x", restart_on_reload=True)
+
+
+def test_engine_survives_successive_event_loops():
+    """Drivers call asyncio.run per evaluation: the engine must not keep a dead loop's session."""
+    fake = FakeSGLang()
+    ready, stop = threading.Event(), threading.Event()
+    box = {}
+
+    def server_thread():
+        async def main():
+            box["runner"], box["url"] = await serve(fake)
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+            await box["runner"].cleanup()
+        asyncio.run(main())
+    t = threading.Thread(target=server_thread)
+    t.start()
+    try:
+        assert ready.wait(10)
+        engine = SGLangEngine(box["url"], backoff_s=0.01)
+        for _ in range(2):  # two loops, one engine
+            c = asyncio.run(engine.generate([1], SamplingParams()))
+            assert c.tokens == [10, 11, 12]
+        asyncio.run(engine.close())
+    finally:
+        stop.set()
+        t.join(10)
