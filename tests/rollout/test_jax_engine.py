@@ -164,3 +164,13 @@ def test_agent_loop_on_jax_engine_logprobs_match_learner_over_whole_trajectory(m
         mask = traj.action_mask
         np.testing.assert_allclose(traj.rollout_logprobs[mask], ours[mask], atol=1e-5)
     assert any(t.metadata["num_turns"] > 1 for t in trajs)
+
+
+def test_engine_serves_successive_event_loops(models):
+    """Drivers call asyncio.run per evaluation with one engine."""
+    model, _ = models
+    engine = JaxEngine(model, max_slots=4, max_len=64)
+    for _ in range(2):
+        c = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3)))
+        assert len(c.tokens) == 3
+    asyncio.run(engine.close())
