@@ -148,7 +148,8 @@ async def run_episode(engine: Engine, env, tokenizer, prompt: Any, sampling: Sam
     fmt = turn_format or byte_tool_format(tokenizer)
     stops = tuple(dict.fromkeys(sampling.stop_token_ids + fmt.stop_token_ids))
     if prompt_id is None:
-        key = next((k for k in ("prompt_id", "id") if isinstance(prompt, Mapping) and k in prompt), None)
+        keys = ("prompt_id", "id") if isinstance(prompt, Mapping) else ()
+        key = next((k for k in keys if k in prompt), None)
         prompt_id = str(prompt[key]) if key else ""
     t_start = time.perf_counter()
     timings = {"generate_s": 0.0, "tool_s": 0.0}

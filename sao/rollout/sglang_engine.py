@@ -170,7 +170,8 @@ class SGLangEngine(Engine):
         if version < self._version:
             raise ValueError(f"version {version} is older than the served {self._version}")
         if not isinstance(uri, str):
-            raise ValueError(f"SGLangEngine loads HF directories (a path), got {type(uri).__name__}")
+            raise ValueError(f"SGLangEngine loads HF directories (a path), "
+                             f"got {type(uri).__name__}")
         uri = hf_dir_of(uri)
         self._bind_loop()
         if self.restart_on_reload:

@@ -39,7 +39,8 @@ class CalcEnv:
         if action_text.startswith("<python>"):
             code = action_text.removeprefix("<python>").removesuffix("</python>")
             return StepResult(str(eval(code, {})), False, 0.0, {})
-        answer = action_text.removesuffix("<eos>").removeprefix("<answer>").removesuffix("</answer>")
+        answer = action_text.removesuffix("<eos>")
+        answer = answer.removeprefix("<answer>").removesuffix("</answer>")
         return StepResult("", True, float(answer == "5"), {"answer": answer})
 
 
