@@ -12,7 +12,7 @@ from flax import nnx
 from sao.ckpt import latest_published, publish
 from sao.models import Transformer, get_preset, token_logprobs
 from sao.models.tokenizer import ByteTokenizer
-from sao.rollout import SamplingParams, run_episodes
+from sao.rollout import EngineError, SamplingParams, run_episodes
 from sao.rollout.jax_engine import JaxEngine
 from sao.types import validate
 
@@ -174,3 +174,29 @@ def test_engine_serves_successive_event_loops(models):
         c = asyncio.run(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3)))
         assert len(c.tokens) == 3
     asyncio.run(engine.close())
+
+
+def test_cancelled_request_frees_its_slot_and_step_failure_fails_requests(models):
+    model, _ = models
+
+    async def main():
+        engine = JaxEngine(model, max_slots=1, max_len=64, decode_chunk=2)
+        try:
+            doomed = asyncio.create_task(engine.generate([1, 2], SamplingParams(max_new_tokens=50)))
+            while engine.steps < 2:
+                await asyncio.sleep(0.005)
+            doomed.cancel()  # its caller went away: the only slot must come back
+            c = await asyncio.wait_for(engine.generate([3], SamplingParams(max_new_tokens=4)), 60)
+            assert len(c.tokens) == 4 and engine.num_active == 0
+
+            def broken():
+                raise RuntimeError("device lost")
+            engine._step_sync = broken
+            with pytest.raises(EngineError, match="device lost"):
+                await engine.generate([1], SamplingParams(max_new_tokens=5))
+            assert not await engine.health()
+            with pytest.raises(EngineError, match="failed earlier"):
+                await engine.generate([1], SamplingParams())
+        finally:
+            await engine.close()
+    asyncio.run(main())
