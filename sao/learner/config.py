@@ -26,28 +26,33 @@ class LearnerConfig:
     """
 
     # --- batch shapes -----------------------------------------------------
-    batch_size: int = 8                 # B trajectories per learner step (paper 128); padded with zero-weight rows
-    length_buckets: tuple[int, ...] = (128, 256, 512, 1024)  # allowed padded T; one compile per bucket
-    micro_batch_size: int = 0           # rows per gradient-accumulation micro-batch; 0 = whole batch at once
+    # B trajectories per learner step (paper 128); missing rows are zero-weight padding.
+    batch_size: int = 8
+    # Allowed padded lengths T (tokens); a step compiles once per bucket.
+    length_buckets: tuple[int, ...] = (128, 256, 512, 1024)
+    # Rows per gradient-accumulation micro-batch; 0 = the whole batch at once.
+    micro_batch_size: int = 0
     pad_id: int = 256                   # token id written into padding (byte tokenizer <pad>)
 
     # --- advantages (§3) --------------------------------------------------
-    advantage_estimator: str = "gae"    # "gae" (SAO/VAPO: critic + skip-obs GAE); critic-free: "grpo" | "dr_grpo" | "rloo"
-                                        # (groups = prompt_id), "reinforce_pp", or "given" (per-row advantages passed
-                                        # to sao_update, e.g. a running-mean baseline from sao.algo)
+    # "gae": SAO / VAPO, critic + skip-observation GAE. Critic-free baselines:
+    # "grpo" | "dr_grpo" | "rloo" (groups = prompt_id), "reinforce_pp", or
+    # "given" (per-row advantages passed to sao_update, e.g. a running mean).
+    advantage_estimator: str = "gae"
     gamma: float = 1.0                  # discount per action-token step [ours: paper silent]
     alpha: float = 1.5                  # length-adaptive λ_policy = 1 - 1/(alpha*l), VAPO
-    lam_policy: float = -1.0            # fixed actor λ in [0, 1]; -1 = length-adaptive (default)
-    lam_critic: float = 1.0             # λ for critic targets (1 = Monte-Carlo returns)
-    whiten_advantages: bool = False     # batch whitening of advantages over action tokens [ours: off]
-    truncation: str = "terminal"        # finish="length": "terminal" (V=0 after it, env reward) or "drop" (no policy loss) [ours]
+    lam_policy: float = -1.0            # fixed actor λ in [0, 1]; -1 = length-adaptive
+    lam_critic: float = 1.0             # λ of critic targets (1 = Monte-Carlo returns)
+    whiten_advantages: bool = False     # batch whitening over action tokens [ours: off]
+    # finish="length": "terminal" (V=0 after it, env reward) or "drop" (no policy loss) [ours].
+    truncation: str = "terminal"
 
     # --- policy loss (§4) -------------------------------------------------
-    policy_loss: str = "sao_dis"        # sao.algo registry name, e.g. "sao_dis", "ppo_clip"
-    eps_low: float = 0.3                # ratio band lower: 1 - eps_low (math/tool 0.3, coding 0.8, PPO 0.2)
-    eps_high: float = 5.0               # ratio band upper: 1 + eps_high (math/tool 5.0, coding 3.0, PPO 0.28)
-    loss_agg_mode: str = "token-mean"   # sao.algo aggregate mode; normaliser over the global batch
-    temperature: float = 1.0            # rollout sampling temperature; log π_θ uses logits / temperature
+    policy_loss: str = "sao_dis"        # sao.algo registry name: "sao_dis", "ppo_clip", ...
+    eps_low: float = 0.3                # band lower edge 1 - eps_low (math 0.3, coding 0.8, PPO 0.2)
+    eps_high: float = 5.0               # band upper edge 1 + eps_high (math 5.0, coding 3.0, PPO 0.28)
+    loss_agg_mode: str = "token-mean"   # sao.algo.aggregate mode, global-batch normaliser
+    temperature: float = 1.0            # rollout temperature; log π_θ uses logits / temperature
     kl_coef: float = 0.0                # weight of KL(π_θ || π_ref) in the actor loss; 0 = off (SAO)
     kl_estimator: str = "k3"            # "k1" | "k2" | "k3"
     entropy_coef: float = 0.0           # weight of an entropy bonus; 0 = off (SAO)
@@ -56,29 +61,34 @@ class LearnerConfig:
     critic_steps: int = 2               # K critic updates per policy update (paper 2)
     critic_warmup_steps: int = 10       # first N learner steps update only the critic (paper 10)
     value_clip: float = 0.0             # PPO-style value clipping range; 0 = off
-    critic_freeze_regex: str = r"^layers/\d+/attn/"  # critic params matching are frozen (paper: attention)
-    value_pretrain_ev: float = 0.8      # value pretraining stops when explained variance reaches this
+    # Critic parameters whose '/'-joined path matches are frozen (paper: attention).
+    critic_freeze_regex: str = r"^layers/\d+/attn/"
+    value_pretrain_ev: float = 0.8      # value pretraining stops at this explained variance
     value_pretrain_steps: int = 100     # ... or after this many critic steps
 
-    # --- optimisers -------------------------------------------------------
+    # --- optimisers (AdamW, one per actor and critic) ------------------------
     actor_lr: float = 1e-6              # peak learning rate of the actor (paper 1e-6)
     critic_lr: float = 5e-6             # peak learning rate of the critic (paper 5e-6)
-    actor_schedule: str = "constant"    # "constant" | "cosine" | "linear" (decay to 0 over decay_steps)
+    actor_schedule: str = "constant"    # "constant" | "cosine" | "linear" (to 0 over lr_decay_steps)
     critic_schedule: str = "constant"   # same choices for the critic
     lr_warmup_steps: int = 0            # linear LR warm-up, in optimiser updates
-    lr_decay_steps: int = 1000          # length of cosine/linear decay after warm-up, in updates
-    max_grad_norm: float = 1.0          # clip by global norm over trainable params; 0 = no clipping
-    weight_decay: float = 0.0           # AdamW decay (not on norms, biases, embeddings)
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
+    lr_decay_steps: int = 1000          # cosine / linear decay length after warm-up, in updates
+    max_grad_norm: float = 1.0          # clip by global norm over trainable params; 0 = off
+    weight_decay: float = 0.0           # decoupled decay (never on norms, biases, embeddings)
+    adam_b1: float = 0.9                # Adam β1
+    adam_b2: float = 0.999              # Adam β2
+    adam_eps: float = 1e-8              # Adam ε
     actor_freeze_regex: str = ""        # actor params matching are frozen; "" = none
 
     # --- guards & determinism ----------------------------------------------
-    shard_check: str = "warn"           # params >= shard_check_min_size replicated on a multi-device mesh: "off"|"warn"|"raise"
-    shard_check_min_size: int = 2 ** 20  # elements
-    deterministic: bool = False         # require bit-reproducible steps: on GPU the Learner refuses to start without XLA's deterministic-ops flag
-    seed: int = 0                       # run seed, recorded with the config (the update itself draws no random numbers)
+    # Large parameters (>= shard_check_min_size elements) left replicated on a
+    # multi-device mesh: "off" | "warn" | "raise".
+    shard_check: str = "warn"
+    shard_check_min_size: int = 2 ** 20
+    # Require bit-reproducible steps; on GPU the Learner refuses to start unless
+    # XLA_FLAGS has --xla_gpu_deterministic_ops=true.
+    deterministic: bool = False
+    seed: int = 0                       # run seed, recorded (the update draws no random numbers)
 
     def __post_init__(self):
         def need(cond, msg):

@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sao.learner import LearnerConfig, make_train_batch, steps
+from sao.learner import make_train_batch, steps
 from sao.learner.learner import Learner, LearnerStates
 from sao.learner.update import gae_targets
 
-from .helpers import SHARED_CFG, make_policy, one_device_mesh, random_trajs, shared_learner, traj
+from .helpers import (SHARED_CFG, make_policy, one_device_mesh, random_trajs, shared_learner,
+                      traj)
 
 CFG = SHARED_CFG
 GOOD, BAD, OTHER = 10, 20, 30
@@ -180,7 +181,7 @@ def test_grpo_baseline_with_kl():
     assert m["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # reference = policy at step 0
     np.testing.assert_allclose(m["batch/advantage_mean"], 0.0, atol=1e-5)
     assert lp1[0] > lp0[0] and lp1[1] < lp0[1]
-    isinstance(states, LearnerStates)
+    assert isinstance(states, LearnerStates) and states.policy_version == 1
 
 
 def test_outcome_targets_estimators():
