@@ -184,11 +184,13 @@ class JaxEngine(Engine):
         if version < self._version or (self._pending and version < self._pending[0]):
             raise ValueError(f"version {version} is older than the served {self._version}")
         params = await asyncio.to_thread(self._read_params, uri)
+        if version < self._version or (self._pending and version < self._pending[0]):
+            return  # a newer version finished loading first: this one is superseded
         if self._task is None or self._task.done():
             self._params, self._version = params, int(version)
             return
         done = asyncio.get_running_loop().create_future()
-        if self._pending is not None:
+        if self._pending is not None and not self._pending[2].done():
             self._pending[2].set_result(None)  # superseded: a newer version wins
         self._pending = (int(version), params, done)
         self._kick()
