@@ -92,6 +92,7 @@ class SGLangEngine(Engine):
         self._open.set()
         self._inflight = 0
         self._idle = asyncio.Condition()
+        self._reload_lock = asyncio.Lock()
 
     def _http(self) -> aiohttp.ClientSession:
         self._bind_loop()
@@ -174,6 +175,12 @@ class SGLangEngine(Engine):
                              f"got {type(uri).__name__}")
         uri = hf_dir_of(uri)
         self._bind_loop()
+        async with self._reload_lock:  # one reload at a time, in version order
+            if version < self._version:
+                return  # a newer version was loaded while this one waited
+            await self._reload(int(version), uri)
+
+    async def _reload(self, version: int, uri: str) -> None:
         if self.restart_on_reload:
             self._open.clear()
             try:
@@ -182,7 +189,7 @@ class SGLangEngine(Engine):
                 if self._session is not None:
                     await self._session.close()
                 await asyncio.to_thread(self.server.restart, uri)
-                self._version = int(version)
+                self._version = version
             finally:
                 self._open.set()
             return
@@ -190,7 +197,7 @@ class SGLangEngine(Engine):
                                {"model_path": uri, "weight_version": str(version)})
         if not out.get("success", False):
             raise EngineError(f"update_weights_from_disk refused: {out.get('message', out)}")
-        self._version = int(version)
+        self._version = version
         try:  # the update already flushes on recent servers; this is belt and braces
             await self._post("/flush_cache", {}, retries=0)
         except EngineError as e:

@@ -176,3 +176,13 @@ def test_engine_survives_successive_event_loops():
     finally:
         stop.set()
         t.join(10)
+
+
+def test_concurrent_loads_apply_in_version_order():
+    fake = FakeSGLang()
+
+    async def body(e):
+        await asyncio.gather(e.load_weights(2, "/hf/2"), e.load_weights(1, "/hf/1"))
+        return e.version
+    assert run_with(fake, body) == 2
+    assert [u["weight_version"] for u in fake.updates] == ["2"]
