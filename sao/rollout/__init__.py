@@ -8,6 +8,7 @@ from sao.rollout.agent import (TurnFormat, byte_tool_format, chatml_tool_format,
                                run_episodes)
 from sao.rollout.base import (Completion, Engine, EngineError, SamplingParams)
 from sao.rollout.scripted import ScriptedEngine, ScriptedTurn
+from sao.rollout.show import format_trajectory
 
 _LAZY = {
     "JaxEngine": "sao.rollout.jax_engine",
@@ -16,7 +17,7 @@ _LAZY = {
 }
 
 __all__ = ["Completion", "Engine", "EngineError", "SamplingParams", "ScriptedEngine",
-           "ScriptedTurn", "TurnFormat", "byte_tool_format", "chatml_tool_format",
+           "ScriptedTurn", "TurnFormat", "byte_tool_format", "chatml_tool_format", "format_trajectory",
            "run_episode", "run_episodes", *_LAZY]
 
 
