@@ -17,8 +17,8 @@ _LAZY = {
 }
 
 __all__ = ["Completion", "Engine", "EngineError", "SamplingParams", "ScriptedEngine",
-           "ScriptedTurn", "TurnFormat", "byte_tool_format", "chatml_tool_format", "format_trajectory",
-           "run_episode", "run_episodes", *_LAZY]
+           "ScriptedTurn", "TurnFormat", "byte_tool_format", "chatml_tool_format",
+           "format_trajectory", "run_episode", "run_episodes", *_LAZY]
 
 
 def __getattr__(name):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sao.models import Transformer, get_preset, token_logprobs
+from sao.models import Transformer, get_preset, save_pretrained, token_logprobs
 from sao.rollout import SamplingParams
 from sao.rollout.sglang_engine import SGLangEngine
 from sao.rollout.sglang_server import SGLangServer, process_group_alive
@@ -36,14 +36,6 @@ SERVER_ARGS = ("--device", "cpu", "--attention-backend", "native", "--dtype", "f
 PAD = 128
 
 
-def _save_pretrained():
-    try:
-        from sao.models import save_pretrained
-    except ImportError:
-        from sao.models.hf import save_pretrained
-    return save_pretrained
-
-
 @functools.partial(jax.jit, static_argnums=0)
 def _logprobs(graphdef, params, seq, temperature):
     return token_logprobs(nnx.merge(graphdef, params), seq, temperature=temperature)
@@ -62,12 +54,11 @@ def recomputed(model, prompt, tokens, temperature):
 def test_sglang_server_logprobs_match_and_reload_by_restart(tmp_path):
     from sao.models.tokenizer import ByteTokenizer
 
-    save = _save_pretrained()
     tok = ByteTokenizer()
     models = [Transformer(CFG, rngs=nnx.Rngs(seed)) for seed in (0, 1)]
     dirs = [str(tmp_path / f"hf{v}") for v in (0, 1)]
     for model, d in zip(models, dirs):
-        save(model, CFG, d, tok)
+        save_pretrained(model, CFG, d, tok)
     server = SGLangServer(dirs[0], python=str(PYTHON), args=SERVER_ARGS,
                           log_path=str(tmp_path / "server.log"), ready_timeout_s=600)
     rng = np.random.default_rng(0)
