@@ -107,16 +107,27 @@ def episode_kwargs(cfg, tokenizer) -> dict:
                 turn_format=turn_format(cfg, tokenizer))
 
 
+# Version a rollout worker reports before the learner's first push: no learner version,
+# so the dispatcher always syncs the learner's weights (its version 0 may be SFT'd) first.
+NO_WEIGHTS_VERSION = -1
+
+
 def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None):
-    """``JaxEngine`` over ``model`` (default: a fresh policy; weights arrive by push) or ``SGLangEngine``."""
+    """``JaxEngine`` over ``model`` or ``SGLangEngine``.
+
+    Without ``model`` (a rollout worker) the engine serves a fresh policy at
+    version ``NO_WEIGHTS_VERSION`` until the learner pushes its weights.
+    """
+    version = 0 if model is not None else NO_WEIGHTS_VERSION
     if cfg.rollout.engine == "sglang":
         from sao.rollout.sglang_engine import SGLangEngine
         if not sglang_url:
             raise ValueError("rollout.engine='sglang' needs --sglang_url")
-        return SGLangEngine(sglang_url)
+        return SGLangEngine(sglang_url, version=version)
     from sao.rollout.jax_engine import JaxEngine
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
-                     max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed)
+                     max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
+                     version=version)
 
 
 def rollout_worker(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0,

@@ -38,6 +38,9 @@ def test_tiny_run_end_to_end_and_resume():
   assert steps == [0, 1, 2]                      # eval before RL, then one record per step
   assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[1]
   assert recs[2]["learner/policy_version"] >= 1  # warm-up 1, then an actor update
+  # Workers sample with the learner's weights (pushed before the first lease; their own random
+  # init differs): the first actor update sees ratios ~1, so DIS masks almost nothing.
+  assert recs[2]["actor/frac_masked_low"] + recs[2]["actor/frac_masked_high"] < 0.2
   assert sum(recs[1]["batch/staleness_counts"]) > 0
   assert os.path.exists(os.path.join(workdir, "sft", "result.json"))
   for i in range(2):
