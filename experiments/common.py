@@ -15,7 +15,8 @@ Experiment files call :func:`base` and state only what differs, then
 * ``run``        total steps, logging.
 
 ``learner`` and ``critic`` together are exactly ``LearnerConfig``'s keys
-(``sao.run.learner_config(cfg)`` merges them). ``model.preset`` names a
+(``sao.run.learner_config(cfg)`` merges them and adds ``temperature`` =
+``rollout.temperature``: the learner's log-probs use the sampling temperature). ``model.preset`` names a
 ``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
 by an SGLang fleet (``rollout.engine = "sglang"``) on TPU / GPU meshes.
 """
@@ -66,7 +67,6 @@ def base() -> ml_collections.ConfigDict:
     l.eps_low = 0.3                       # DIS band lower: ratio > 0.7 (math / tool)
     l.eps_high = 5.0                      # DIS band upper: ratio < 6.0 (math / tool)
     l.loss_agg_mode = "token-mean"        # global token mean over the batch
-    l.temperature = 1.0                   # rollout temperature; the learner uses logits / T too
     l.kl_coef = 0.0                       # no KL term in SAO
     l.kl_estimator = "k3"                 # used only when kl_coef > 0
     l.entropy_coef = 0.0                  # no entropy bonus in SAO
@@ -105,7 +105,7 @@ def base() -> ml_collections.ConfigDict:
     r.max_concurrency = 64                # episodes run at once per worker
     r.engine_slots = 64                   # JaxEngine decode slots (continuous batching)
     r.max_len = 32768                     # longest trajectory (tokens), prompt included
-    r.temperature = 1.0                   # sampling temperature (= learner.temperature)
+    r.temperature = 1.0                   # sampling temperature; the learner uses logits / T too
     r.top_p = 1.0                         # nucleus sampling (1 = off: log-probs stay unbiased)
     r.top_k = 0                           # top-k sampling (0 = off)
     r.max_new_tokens = 8192               # tokens per engine turn
@@ -220,7 +220,6 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
     Raises ValueError on inconsistent settings.
     """
-    c.learner.temperature = c.rollout.temperature        # one temperature for sampling and learning
     c.learner.pad_id = 256 if c.model.tokenizer == "byte" else c.learner.pad_id
     if max(c.learner.length_buckets) < c.rollout.max_len:
         raise ValueError(f"{c.name}: largest length bucket {max(c.learner.length_buckets)} < "

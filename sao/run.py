@@ -29,10 +29,14 @@ DRIVER_KEYS = ("running_mean_window", "value_pretrain_trajectories")
 
 
 def learner_config(cfg: ml_collections.ConfigDict):
-    """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys)."""
+    """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys).
+
+    ``temperature`` is ``rollout.temperature``: log pi_theta is computed at the sampling
+    temperature (ALGORITHM.md section 4), so it is derived here, after any override.
+    """
     import dataclasses
     from sao.learner import LearnerConfig
-    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict()}
+    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(), "temperature": cfg.rollout.temperature}
     if "seed" in {f.name for f in dataclasses.fields(LearnerConfig)}:
         merged["seed"] = cfg.seed
     return LearnerConfig.from_config({k: v for k, v in merged.items() if k not in DRIVER_KEYS})
@@ -364,21 +368,23 @@ class _LearnerContext:
         from flax import nnx
         return nnx.state(self.learner.actor_def.merge(states.actor.params), nnx.Param)
 
-    def sample(self, states, prompts) -> list:
+    def sample(self, states, prompts, temperature: float | None = None) -> list:
+        """One episode per prompt on the in-process engine (rollout sampling unless ``temperature``)."""
         import asyncio
         from sao.rollout.agent import run_episodes
         cfg = self.cfg
+        sampling = self.sampling if temperature is None else self.sampling.replace(temperature=temperature)
 
         async def go():
             await self.engine.load_weights(states.policy_version, self.param_state(states))
-            return await run_episodes(self.engine, self.make_env, self.tokenizer, prompts, self.sampling,
+            return await run_episodes(self.engine, self.make_env, self.tokenizer, prompts, sampling,
                                       concurrency=cfg.rollout.max_concurrency,
                                       **episode_kwargs(cfg, self.tokenizer))
         return asyncio.run(go())
 
     def evaluate(self, states, step: int) -> dict:
         from sao.driver import pass_at_1
-        m = pass_at_1(self.sample(states, self.heldout))
+        m = pass_at_1(self.sample(states, self.heldout, temperature=self.cfg.eval.temperature))
         self.log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
                  f"tool use {100 * m['eval/tool_use']:.1f}%")
         return m
