@@ -32,8 +32,11 @@ at or after t, plus the rewards waiting on observation tokens before it. Three
 solvers of that recurrence, selected by ``method`` (same results to f32
 rounding; benchmarks/gae.py compares their speed):
 
-* ``"chunked"`` (default, fastest on CPU): blocks of 8 tokens composed in
-  parallel across blocks, then a reverse ``lax.scan`` over block starts;
+* ``"chunked"`` (default, fastest on CPU): blocks of 4 tokens composed in
+  parallel across blocks, then a reverse ``fori_loop`` over groups of 8 block
+  starts (T/32 iterations) writing the carried values in place, then one
+  elementwise pass (see :func:`_solve_next_chunked`; on XLA:CPU that final
+  pass, whose cost grows with the block size, is the largest stage);
 * ``"associative"``: ``jax.lax.associative_scan`` over the affine maps
   ``x -> a_t x + b_t`` (O(log T) depth);
 * ``"scan"``: reverse ``jax.lax.scan`` over time (O(T) sequential steps).
@@ -50,7 +53,8 @@ from sao.algo.masked import as_f32, as_mask
 
 Array = jax.Array
 GAE_METHODS = ("chunked", "associative", "scan")
-CHUNK = 8  # tokens per block of the chunked solver (fastest on CPU in benchmarks/gae.py)
+CHUNK = 4  # tokens per block of the chunked solver (see _solve_next_chunked)
+GROUP = 8  # blocks per iteration of its loop over blocks
 
 
 def _affine_combine(later, earlier):
@@ -83,16 +87,25 @@ def _solve_next_scan(a: Array, b: Array, x_end: Array, unroll: int = 16) -> Arra
     return x_next.T
 
 
-def _solve_next_chunked(a: Array, b: Array, x_end: Array, chunk: int = CHUNK) -> Array:
+def _solve_next_chunked(a: Array, b: Array, x_end: Array, chunk: int = CHUNK,
+                        group: int = GROUP) -> Array:
     """Blocked solver: parallel within blocks, sequential across blocks.
 
-    Within each block of ``chunk`` tokens the suffix compositions
-    ``x_t = A_t * x_{block end + 1} + B_t`` are built by ``chunk`` unrolled
-    steps vectorised over all blocks; a reverse ``lax.scan`` over the T/chunk
-    block starts carries ``x`` across blocks; one elementwise pass finishes.
+    Three stages, each one XLA:CPU fusion or loop over [B, T]-contiguous data:
+
+    1. block maps: the composition ``x_start = A_j * x_after + B_j`` of each
+       block of ``chunk`` tokens, ``chunk`` unrolled steps vectorised over all
+       blocks (reads a, b once; writes f32[B, T/chunk] twice);
+    2. a reverse ``fori_loop`` over groups of ``group`` blocks carries x across
+       blocks: each iteration slices a [B, group] tile of the block maps and
+       writes the ``group`` values ``after[j]`` (x after block j) back in place,
+       so the loop runs T/(chunk*group) iterations and nothing is transposed;
+    3. one elementwise pass: x_{t+1} inside each block from ``after`` by the
+       block's suffix compositions (fused by XLA into the caller's final pass).
     """
     batch, length = a.shape
-    pad = -length % chunk  # identity maps after the end
+    width = chunk * group
+    pad = -length % width  # identity maps after the end
     a = jnp.pad(a, ((0, 0), (0, pad)), constant_values=1.0).reshape(batch, -1, chunk)
     b = jnp.pad(b, ((0, 0), (0, pad))).reshape(batch, -1, chunk)
     big_a, big_b = [a[:, :, -1]], [b[:, :, -1]]
@@ -100,17 +113,26 @@ def _solve_next_chunked(a: Array, b: Array, x_end: Array, chunk: int = CHUNK) ->
         big_b.append(a[:, :, k] * big_b[-1] + b[:, :, k])
         big_a.append(a[:, :, k] * big_a[-1])
     big_a, big_b = big_a[::-1], big_b[::-1]
+    steps = a.shape[1] // group
 
-    def step(x_next, ab):
-        return ab[0] * x_next + ab[1], x_next
+    def body(i, carry):
+        x, after = carry
+        start = (0, (steps - 1 - i) * group)
+        tile_a = jax.lax.dynamic_slice(big_a[0], start, (batch, group))
+        tile_b = jax.lax.dynamic_slice(big_b[0], start, (batch, group))
+        out = [None] * group
+        for k in range(group - 1, -1, -1):
+            out[k] = x
+            x = tile_a[:, k] * x + tile_b[:, k]
+        return x, jax.lax.dynamic_update_slice(after, jnp.stack(out, axis=1), start)
 
-    # after[j] = x at the start of block j + 1 (x_end after the last block).
-    _, after = jax.lax.scan(step, x_end[:, 0], (big_a[0].T, big_b[0].T), reverse=True)
+    # after[:, j] = x at the start of block j + 1 (x_end after the last block).
+    _, after = jax.lax.fori_loop(0, steps, body, (x_end[:, 0], jnp.zeros_like(big_a[0])))
     # x_{t+1} in the block: the next suffix composition, or the identity at its end.
     one, zero = jnp.ones_like(big_a[0]), jnp.zeros_like(big_b[0])
     next_a = jnp.stack(big_a[1:] + [one], axis=-1)
     next_b = jnp.stack(big_b[1:] + [zero], axis=-1)
-    x_next = next_a * after.T[:, :, None] + next_b
+    x_next = next_a * after[:, :, None] + next_b
     return x_next.reshape(batch, -1)[:, :length]
 
 
@@ -223,7 +245,8 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
 def _gae_core(r, v, m, gamma, lam, bootstrap, method):
     # Jitted so that eager callers compile one program, not one per primitive.
     # H_t = a_t H_{t+1} + b_t, H_T = gamma * bootstrap; A_t = r_t - V_t + H_{t+1}.
-    v = jnp.where(m, v, 0.0)  # values off the mask are never read (may be NaN)
+    # Values off the mask may hold anything, even NaN: every use of v below is
+    # inside a where() on m that discards it there (no separate masking pass).
     gl = gamma * lam
     a = jnp.where(m, gl, 1.0)
     b = jnp.where(m, gl * r + (gamma - gl) * v, r)
