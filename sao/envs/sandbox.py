@@ -48,10 +48,12 @@ from typing import Mapping
 # mount view, then runs the program under limits as the sandbox uid and waits
 # for it (keeping PID 1 out of the program, since PID 1 ignores signals
 # without handlers). Positional args: src uid nproc as_bytes cpu_s fsize_bytes
-# nofile disk_mb python.
+# nofile disk_mb python keep. ``keep`` (may be empty) is a host directory under
+# /tmp (the interpreter's environment when it lives there, e.g. a clone in
+# /tmp) that stays visible, read-only, at the same path in the sandbox's /tmp.
 _INIT_SCRIPT = r"""
 set -e
-src=$1 uid=$2 nproc=$3 as=$4 cpu=$5 fsize=$6 nofile=$7 disk=$8 py=$9
+src=$1 uid=$2 nproc=$3 as=$4 cpu=$5 fsize=$6 nofile=$7 disk=$8 py=$9 keep=${10}
 mount -n --make-rprivate /
 mount -n --rbind / /
 mount -n -o remount,bind,ro /
@@ -59,6 +61,11 @@ mount -n -t proc -o nosuid,nodev,noexec proc /proc
 mount -n -t tmpfs -o size=${disk}m,mode=0700,uid=$uid,gid=$uid,nosuid,nodev tmpfs /var/tmp
 cp -R "$src"/. /var/tmp/
 chown -R "$uid:$uid" /var/tmp
+if [ -n "$keep" ]; then
+  mkdir -p "/var/tmp${keep#/tmp}"
+  mount -n --rbind "$keep" "/var/tmp${keep#/tmp}"
+  mount -n -o remount,bind,ro "/var/tmp${keep#/tmp}"
+fi
 mount -n --move /var/tmp /tmp
 for d in /var/tmp /dev/shm /run/lock /dev/mqueue; do
   if [ -d "$d" ]; then mount -n -t tmpfs -o ro,size=4k,mode=0755 tmpfs "$d"; fi
@@ -232,8 +239,20 @@ def _command(workdir: str, uid: int, limits: SandboxLimits, python: str) -> list
         workdir, str(uid), str(limits.max_processes),
         str(limits.memory_mb * 1024 * 1024), str(limits.cpu_limit_s),
         str(limits.max_file_mb * 1024 * 1024), str(limits.max_open_files),
-        str(limits.disk_mb), python,
+        str(limits.disk_mb), python, _kept_dir(python),
     ]
+
+
+def _kept_dir(python: str) -> str:
+    """The interpreter's environment if it lives under /tmp (hidden otherwise
+    by the sandbox's own /tmp), else ''. A venv's ``bin/python`` keeps its
+    venv root; a plain interpreter keeps its installation prefix."""
+    exe = os.path.abspath(python)
+    root = os.path.dirname(os.path.dirname(exe))  # <prefix>/bin/python -> <prefix>
+    for path in (root, os.path.dirname(os.path.dirname(os.path.realpath(exe)))):
+        if path.startswith("/tmp/") and path.count("/") >= 2:
+            return path
+    return ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
