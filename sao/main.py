@@ -74,6 +74,8 @@ def main(argv: list[str]) -> None:
 def _run(default_role: str) -> None:
     if not any(a == "--role" or a.startswith("--role=") for a in sys.argv[1:]):
         sys.argv.insert(1, f"--role={default_role}")
+    if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
+        sys.argv.insert(1, "--verbosity=-1")   # warnings and up: orbax logs every save at INFO
     _add_experiments_root(sys.argv[1:])
     app.run(main)
 
