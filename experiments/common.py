@@ -14,10 +14,11 @@ Experiment files call :func:`base` and state only what differs, then
 * ``checkpoint`` orbax checkpoints and fleet publishes;
 * ``run``        total steps, logging.
 
-``learner`` and ``critic`` together are exactly ``LearnerConfig``'s keys
-(``sao.run.learner_config(cfg)`` merges them and adds ``temperature`` =
-``rollout.temperature``: the learner's log-probs use the sampling temperature). ``model.preset`` names a
-``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
+``learner`` and ``critic`` hold ``LearnerConfig``'s keys plus two keys the
+driver reads (``running_mean_window``, ``value_pretrain_trajectories``);
+``sao.run.learner_config(cfg)`` merges them and adds ``temperature`` =
+``rollout.temperature`` (log-probs at the sampling temperature).
+``model.preset`` names a ``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
 by an SGLang fleet (``rollout.engine = "sglang"``) on TPU / GPU meshes.
 """
 from __future__ import annotations
