@@ -20,7 +20,12 @@ GRPO_SCALES = ("std", "none")
 
 
 def _group_stats(rewards: Array, group_ids: Array):
-    """Per-element group mean, population std and size (f32[N] each)."""
+    """Per-element group mean, population std, size and spread (f32[N] each).
+
+    ``spread = max - min`` of the group is exact, so an all-equal group is
+    recognised even when f32 rounding of the mean leaves a std of a few ulps
+    (e.g. three rewards of 100.3 give std ~8e-6 > 1e-6).
+    """
     n = rewards.shape[0]
     order = jnp.argsort(group_ids, stable=True)
     sorted_ids = group_ids[order]
@@ -31,7 +36,9 @@ def _group_stats(rewards: Array, group_ids: Array):
     mean = jax.ops.segment_sum(rewards, seg, num_segments=n)[seg] / size
     centred = rewards - mean
     var = jax.ops.segment_sum(centred * centred, seg, num_segments=n)[seg] / size
-    return mean, jnp.sqrt(var), size
+    spread = (jax.ops.segment_max(rewards, seg, num_segments=n)[seg]
+              - jax.ops.segment_min(rewards, seg, num_segments=n)[seg])
+    return mean, jnp.sqrt(var), size, spread
 
 
 def _check_outcome(rewards, group_ids):
@@ -46,7 +53,8 @@ def grpo_advantages(rewards, group_ids, *, scale: str = "std", eps: float = 1e-6
     ``A_i = (R_i - mean_g) / (std_g + eps)`` with the population std of the
     group (``scale="std"``), or ``A_i = R_i - mean_g`` (``scale="none"``,
     Dr.GRPO). A group of size 1, or whose std is below ``eps``, gets 0 (never
-    NaN) in both modes.
+    NaN) in both modes; so does a group whose rewards are all equal, even when
+    f32 rounding of a large mean would leave a std of a few ulps.
 
     Args:
       rewards: f32[N] one scalar reward per trajectory.
@@ -64,10 +72,10 @@ def grpo_advantages(rewards, group_ids, *, scale: str = "std", eps: float = 1e-6
         raise ValueError(f"unknown GRPO scale {scale!r}; valid: {GRPO_SCALES}")
     _check_outcome(rewards, group_ids)
     rewards = as_f32(rewards)
-    mean, std, size = _group_stats(rewards, jnp.asarray(group_ids))
+    mean, std, size, spread = _group_stats(rewards, jnp.asarray(group_ids))
     centred = rewards - mean
     adv = centred / (std + eps) if scale == "std" else centred
-    return jnp.where((size > 1) & (std >= eps), adv, 0.0)
+    return jnp.where((size > 1) & (std >= eps) & (spread > 0), adv, 0.0)
 
 
 def dr_grpo_advantages(rewards, group_ids, *, eps: float = 1e-6) -> Array:
@@ -84,8 +92,9 @@ def rloo_advantages(rewards, group_ids) -> Array:
     """
     _check_outcome(rewards, group_ids)
     rewards = as_f32(rewards)
-    mean, _, size = _group_stats(rewards, jnp.asarray(group_ids))
-    return jnp.where(size > 1, (rewards - mean) * size / jnp.maximum(size - 1.0, 1.0), 0.0)
+    mean, _, size, spread = _group_stats(rewards, jnp.asarray(group_ids))
+    adv = (rewards - mean) * size / jnp.maximum(size - 1.0, 1.0)
+    return jnp.where((size > 1) & (spread > 0), adv, 0.0)
 
 
 @jax.tree_util.register_dataclass

@@ -91,3 +91,15 @@ def test_broadcast_to_actions():
     np.testing.assert_array_equal(out, [[0, 2, 2], [-1, 0, 0]])
     with pytest.raises(ValueError):
         broadcast_to_actions(np.zeros(3), mask)
+
+
+@pytest.mark.parametrize("value,size", [(100.3, 3), (1000.7, 7), (12345.6, 3), (12345.6, 7)])
+def test_all_equal_group_with_large_rewards_gives_zero(value, size):
+    # f32 rounding of the mean leaves a std of a few ulps (> eps) for these.
+    rewards = np.concatenate([np.full(size, value, np.float32), np.array([0.0, 1.0], np.float32)])
+    groups = np.array([0] * size + [1, 1])
+    for adv in (grpo_advantages(rewards, groups), dr_grpo_advantages(rewards, groups),
+                rloo_advantages(rewards, groups)):
+        adv = np.asarray(adv)
+        np.testing.assert_array_equal(adv[:size], 0.0)
+        assert adv[-2] < 0 < adv[-1]
