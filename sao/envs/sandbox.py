@@ -12,7 +12,10 @@ namespaces and util-linux tools (``unshare``, ``prlimit``, ``setpriv``):
 * **files**: a new mount namespace in which ``/`` is read-only, the working
   directory is a fresh size-limited tmpfs mounted on ``/tmp`` (hiding the
   host's ``/tmp``), and the other world-writable places (``/var/tmp``,
-  ``/dev/shm``, ``/run/lock``, ``/dev/mqueue``) are empty read-only tmpfs;
+  ``/dev/shm``, ``/dev/mqueue``) and ``/run`` (where host services keep
+  their Unix sockets, e.g. ``docker.sock``, dbus) are empty read-only tmpfs;
+  a pathname Unix socket elsewhere on the file system stays reachable if its
+  mode lets any user write to it;
   files readable only by root stay unreadable (uid drop);
 * **resources**: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``,
   ``RLIMIT_NPROC``, ``RLIMIT_NOFILE``, no core dumps, plus a wall-clock
@@ -67,7 +70,7 @@ if [ -n "$keep" ]; then
   mount -n -o remount,bind,ro "/var/tmp${keep#/tmp}"
 fi
 mount -n --move /var/tmp /tmp
-for d in /var/tmp /dev/shm /run/lock /dev/mqueue; do
+for d in /var/tmp /dev/shm /run /dev/mqueue; do
   if [ -d "$d" ]; then mount -n -t tmpfs -o ro,size=4k,mode=0755 tmpfs "$d"; fi
 done
 cd /tmp

@@ -35,3 +35,31 @@ def test_interpreter_in_a_venv_under_tmp(tmp_path):
     lines = result.stdout.splitlines()
     assert lines[:2] == [str(venv), "False"], result  # venv visible, rest of host /tmp hidden
     assert result.exit_code != 0 and "Errno" in result.stderr  # the kept venv is read-only
+
+
+@pytest.mark.skipif(not sandbox.sandbox_available(), reason="sandbox unavailable")
+def test_host_unix_socket_in_run_is_hidden():
+    import socket
+    import uuid
+    path = f"/run/sao-test-{uuid.uuid4().hex[:8]}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(path)
+        os.chmod(path, 0o666)
+        server.listen(1)
+        server.settimeout(0.5)
+        code = ("import socket; s = socket.socket(socket.AF_UNIX)\n"
+                f"try:\n    s.connect({path!r}); print('connected')\n"
+                "except OSError as e:\n    print('refused', e.errno)\n")
+        result = sandbox.run_python(code, timeout_s=20)
+        assert result.stdout.startswith("refused"), result
+        with pytest.raises(socket.timeout):
+            server.accept()
+        # Control: the same socket is reachable from outside the sandbox.
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(path)
+        client.close()
+    finally:
+        server.close()
+        if os.path.exists(path):
+            os.unlink(path)
