@@ -15,7 +15,7 @@ Experiment files call :func:`base` and state only what differs, then
 * ``run``        total steps, logging.
 
 ``learner`` and ``critic`` hold ``LearnerConfig``'s keys plus two keys the
-driver reads (``running_mean_window``, ``value_pretrain_trajectories``);
+driver reads (``running_mean_window``, ``running_mean_scope``, ``value_pretrain_trajectories``);
 ``sao.run.learner_config(cfg)`` merges them and adds ``temperature`` =
 ``rollout.temperature`` (log-probs at the sampling temperature).
 ``model.preset`` names a ``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
@@ -85,6 +85,7 @@ def base() -> ml_collections.ConfigDict:
     l.shard_check_min_size = 2 ** 20      # elements above which a param must be sharded
     l.deterministic = True                # bit-reproducible steps
     l.running_mean_window = 8             # running-mean baseline: rewards kept per prompt (driver-side)
+    l.running_mean_scope = "prompt"       # running-mean slots: "prompt" (one per prompt) | "global" (one)
 
     # --- critic (critic side of LearnerConfig) ------------------------------------
     c.critic = k = ml_collections.ConfigDict()
@@ -255,4 +256,8 @@ def full_scale(c: ml_collections.ConfigDict, variant: str) -> ml_collections.Con
     c.model.init = f"gs://YOUR_BUCKET/models/{spec['preset']}"   # HF checkpoint dir of the base model
     c.model.mesh.update(**spec["mesh"])
     c.rollout.num_workers = spec["workers"]
+    # Bit-reproducible steps cost speed at scale and, on GPU, need
+    # XLA_FLAGS=--xla_gpu_deterministic_ops=true before JAX starts (the learner
+    # refuses to start otherwise); full-scale runs default to fast kernels.
+    c.learner.deterministic = False
     return c

@@ -29,6 +29,10 @@ def server_argv(args, i: int) -> tuple[str, ...]:
             "--mem-fraction-static", str(args.mem_fraction), "--tp", str(args.tp)]
     if args.backend == "torch":
         argv += ["--base-gpu-id", str(i * args.tp)]
+    else:
+        # sglang-jax's overlap scheduler returned wrong log-probs under load
+        # in our CPU server test (docs/rollout.md); DIS needs exact ones.
+        argv += ["--disable-overlap-schedule"]
     return tuple(argv)
 
 

@@ -63,3 +63,17 @@ def test_sglang_fleet_commands():
   worker1 = lines[3]
   assert "--sglang_url=http://127.0.0.1:30001" in worker1 and "--port=50152" in worker1
   assert "--config.rollout.engine=sglang" in worker1
+
+
+def test_sglang_jax_servers_disable_the_overlap_scheduler():
+  lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
+                  "--model=/m", "--servers=1", "--backend=jax", "--python=python")
+  server0 = shlex.split(lines[0].split("] ", 1)[1][:-2])
+  assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
+
+
+def test_full_scale_variants_are_not_deterministic_by_default():
+  sys.path.insert(0, ROOT)
+  from experiments import sao_math
+  assert sao_math.get_config("qwen3_8b").learner.deterministic is False
+  assert sao_math.get_config("cpu").learner.deterministic is True
