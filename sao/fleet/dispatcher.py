@@ -7,7 +7,9 @@ worker's capacity) and accepts finished trajectories in completion order.
 Each arriving trajectory gets exactly one outcome: accepted into the buffer,
 or dropped with a reason (codec / ``sao.types.validate`` reasons, ``stale``
 when ``learner_version - oldest action version > tau``, ``duplicate`` when its
-prompt was already answered, ``unknown_lease``). The learner pulls batches
+prompt was already answered, ``env_error`` for ``finish == "error"`` (an
+environment failure, not a zero reward; the prompt is not issued again),
+``unknown_lease``). The learner pulls batches
 with ``get_batch``; after each published step it calls ``push_weights``.
 
 Between a ``get_batch`` and the next ``push_weights`` (or ``get_batch``) the
@@ -24,6 +26,12 @@ front of the queue for live workers; a lease older than ``lease_timeout_s``
 is issued again to another worker (the first answer wins). ``state_dict`` /
 ``load_state_dict`` carry the buffer and the prompts to re-issue across a
 learner restart (the prompt iterator's own position is the caller's to save).
+
+Unusable workers: one that rejects the credentials (``UNAUTHENTICATED`` /
+``PERMISSION_DENIED``) is logged and never retried; one that holds weights
+newer than ``initial_version`` while nothing was published is logged and
+retried (``push_weights`` brings it back). When every worker is unusable,
+``get_batch`` raises ``FleetError`` instead of blocking.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import threading
 import time
 from typing import Iterable
@@ -42,6 +51,12 @@ from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
 from sao.rpc import auth, codec, sao_pb2
 from sao.types import Trajectory, validate
+
+log = logging.getLogger(__name__)
+
+
+class FleetError(RuntimeError):
+    """No worker of the fleet can serve this dispatcher (credentials, versions)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +124,8 @@ class Dispatcher:
         self._version = config.initial_version
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
+        self._unusable: dict[str, str] = {}  # address -> why it cannot serve now
+        self._rejected: set[str] = set()     # addresses that refused the credentials
         self.metrics = FleetMetrics()
         self._started = False
         for address in workers:
@@ -159,7 +176,9 @@ class Dispatcher:
         """Blocks until ``batch_size`` trajectories are ready; returns them in
         completion order. Returns fewer (possibly none) only once the prompt
         source is exhausted and nothing is left in flight. Raises TimeoutError
-        after ``timeout`` seconds without a full batch."""
+        after ``timeout`` seconds without a full batch, and ``FleetError`` when
+        no worker is live and every worker is unusable (rejected credentials,
+        weights newer than the learner with nothing published)."""
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         B = self.config.batch_size
@@ -170,6 +189,7 @@ class Dispatcher:
                 self._drop_stale_buffered()
                 if len(self._buffer) >= B or self._book.exhausted:
                     break
+                self._raise_if_no_usable_worker()
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
                 self._cv.wait(0.05)
@@ -271,6 +291,36 @@ class Dispatcher:
             self._cv.notify_all()
             return True
 
+    def link_rejected(self, link: WorkerLink, error: str) -> None:
+        """The worker refused the credentials: the link has stopped for good."""
+        with self._cv:
+            self._rejected.add(link.address)
+            self._unusable[link.address] = f"rejected the credentials ({error})"
+            self.metrics.worker(link.address).problem = self._unusable[link.address]
+            self._cv.notify_all()
+
+    def link_usable(self, link: WorkerLink, worker_version: int) -> str | None:
+        """Why the worker (holding ``worker_version``) cannot serve now, or None."""
+        with self._cv:
+            stats = self.metrics.worker(link.address)
+            reason = None
+            if self._weights is None and worker_version > self._version:
+                reason = (f"worker holds weights version {worker_version}, newer than the learner "
+                          f"version {self._version}, and no weights were published to bring it "
+                          "in line: every trajectory would be a future_version drop (set "
+                          "DispatcherConfig.initial_version to the learner's version)")
+            if reason is None:
+                if link.address not in self._rejected:
+                    self._unusable.pop(link.address, None)
+                    stats.problem = ""
+                return None
+            if self._unusable.get(link.address) != reason:
+                log.warning("worker %s unusable: %s", link.address, reason)
+            self._unusable[link.address] = stats.problem = reason
+            stats.version = worker_version
+            self._cv.notify_all()
+            return reason
+
     def link_lost(self, link: WorkerLink, error: str) -> None:
         with self._cv:
             self._live.pop(link, None)
@@ -296,6 +346,14 @@ class Dispatcher:
             self._cv.notify_all()
 
     # -- internals (hold self._cv) ---------------------------------------
+    def _raise_if_no_usable_worker(self) -> None:
+        if self._live or not self._links or not all(a in self._unusable for a in self._links):
+            return
+        detail = "; ".join(f"{a}: {self._unusable[a]}" for a in self._links)
+        if all(a in self._rejected for a in self._links):
+            raise FleetError(f"all workers rejected the credentials: {detail}")
+        raise FleetError(f"no usable worker: {detail}")
+
     def _finish_prompt(self, prompt_id: str) -> None:
         """Marks a prompt answered and cancels its other leases on their workers."""
         for lease in self._book.finish(prompt_id):
@@ -326,6 +384,8 @@ class Dispatcher:
         if reason is None:
             reason = validate(traj, vocab_size=self.config.vocab_size,
                               learner_version=self._version)
+        if reason is None and traj.finish == "error":
+            reason = "env_error"  # an environment failure, not a zero reward: not trained
         if reason is None and staleness.is_stale(traj, self._version, self.config.tau):
             reason = "stale"
         self._finish_prompt(prompt_id)

@@ -7,6 +7,13 @@ trajectories come back and are handed to the owner (the dispatcher). When the
 stream breaks (worker killed, network) the owner is told so it can re-issue
 the worker's leases, and the link reconnects every ``reconnect_s`` until
 closed, so a restarted worker on the same address rejoins by itself.
+
+A worker that refuses the credentials (``UNAUTHENTICATED`` /
+``PERMISSION_DENIED``) is not retried: the link tells the owner
+(``link_rejected``) and stops. A worker the owner cannot use yet
+(``link_usable`` returns a reason, e.g. it holds weights newer than the
+learner and nothing was published to bring it in line) is told to the owner
+and retried every ``reconnect_s``.
 """
 from __future__ import annotations
 
@@ -21,6 +28,11 @@ from sao.rpc import auth, sao_pb2, sao_pb2_grpc
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.1
+_FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+class _Unusable(Exception):
+    """The worker answered but the owner cannot use it (yet)."""
 
 
 class LinkOwner(Protocol):
@@ -28,6 +40,8 @@ class LinkOwner(Protocol):
     def link_joined(self, link: "WorkerLink", capacity: int, weights_version: int | None) -> bool: ...
     def link_response(self, link: "WorkerLink", response: sao_pb2.GenerateResponse) -> None: ...
     def link_lost(self, link: "WorkerLink", error: str) -> None: ...
+    def link_rejected(self, link: "WorkerLink", error: str) -> None: ...
+    def link_usable(self, link: "WorkerLink", worker_version: int) -> str | None: ...
 
 
 class WorkerLink:
@@ -100,11 +114,15 @@ class WorkerLink:
     def _run(self) -> None:
         while not self._closed.is_set():
             error = ""
-            joined = False
+            joined = fatal = False
             try:
                 joined = self._session()
             except grpc.RpcError as e:
                 error = f"{e.code().name}: {e.details()}"
+                if e.code() in _FATAL_CODES:
+                    fatal = True
+            except _Unusable as e:
+                error = str(e)
             except Exception as e:  # keep the link alive whatever happened
                 log.exception("link %s failed", self.address)
                 error = f"{type(e).__name__}: {e}"
@@ -114,6 +132,11 @@ class WorkerLink:
                 self._sendq, self._call, self._stub = None, None, None
             if joined or error:
                 self._owner.link_lost(self, error or "stream ended")
+            if fatal:  # retrying cannot help: wrong token or not allowed
+                log.error("worker %s rejected the credentials (%s); not retrying it",
+                          self.address, error)
+                self._owner.link_rejected(self, error)
+                return
             self._closed.wait(self._reconnect_s)
 
     def _sync_weights(self, stub, have: int) -> int | None:
@@ -137,6 +160,9 @@ class WorkerLink:
             if self._capacity is not None:
                 capacity = min(capacity, self._capacity)
             version = status.version
+            problem = self._owner.link_usable(self, version)
+            if problem is not None:
+                raise _Unusable(problem)
             self._stub = stub
             q: queue.Queue = queue.Queue()
             self._sendq = q

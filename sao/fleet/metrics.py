@@ -5,7 +5,7 @@ Names: ``queue_depth`` (trajectories buffered, waiting for the learner),
 ``prompts_in_flight``, ``staleness`` (histogram of lag in versions of the
 trajectories handed to the learner), ``drops`` (count by reason: validation
 reasons of ``sao.types.validate``, codec reasons, ``stale``, ``duplicate``,
-``episode_failed``, ``unknown_lease``), ``learner_idle_fraction`` (time the
+``env_error``, ``episode_failed``, ``unknown_lease``), ``learner_idle_fraction`` (time the
 learner spent blocked in ``get_batch`` over time since its first batch; the
 first fill of the pipeline is excluded) and per-worker throughput.
 """
@@ -25,11 +25,13 @@ class WorkerStats:
     connects: int = 0
     version: int = -1
     live: bool = False
+    problem: str = ""  # why the worker cannot serve (rejected credentials, version); "" if none
     first_seen: float = dataclasses.field(default_factory=time.monotonic)
 
     def snapshot(self) -> dict:
         elapsed = max(time.monotonic() - self.first_seen, 1e-9)
-        return {"live": self.live, "version": self.version, "connects": self.connects,
+        return {"live": self.live, "problem": self.problem, "version": self.version,
+                "connects": self.connects,
                 "trajectories": self.trajectories, "action_tokens": self.action_tokens,
                 "errors": self.errors, "bytes": self.bytes,
                 "trajectories_per_s": self.trajectories / elapsed,

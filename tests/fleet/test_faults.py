@@ -1,17 +1,20 @@
 """Faults: a SIGKILLed worker, a restarted worker, a restarted learner, hostile workers."""
 import collections
+import dataclasses
+import time
 
 import numpy as np
 import pytest
 
 from sao.fleet import sim
-from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
+from sao.fleet.dispatcher import Dispatcher, DispatcherConfig, FleetError
 from sao.fleet.local import ThreadedWorker
 from sao.fleet.worker import RolloutServicer, WorkerConfig
 from sao.rpc import sao_pb2
 from sao.rpc.auth import Security
 
-from .helpers import VOCAB, SubprocessWorker, good_trajectory, prompts, sim_workers, wait_until
+from .helpers import (VOCAB, SubprocessWorker, good_trajectory, prompts, sim_worker, sim_workers,
+                      wait_until)
 
 
 def test_sigkilled_worker_leases_reissued_restarted_worker_rejoins():
@@ -187,3 +190,61 @@ def test_worker_process_stops_cleanly_on_sigterm():
     w = SubprocessWorker()
     w.stop()  # SIGTERM
     assert w.proc.returncode == 0
+
+
+def test_env_error_trajectory_dropped_once_not_reissued():
+    d = Dispatcher([], prompts(2), DispatcherConfig(batch_size=1, vocab_size=VOCAB))
+    link = FakeLink("w")
+    d.link_joined(link, 4, None)
+    failed = good_trajectory("p0")
+    failed.finish = "error"  # sandbox unavailable / judge failure: not a zero reward
+    link.answer(d, link.leases.popleft(), traj=failed)
+    link.answer(d, link.leases.popleft())
+    assert [t.prompt_id for t in d.get_batch(timeout=1)] == ["p1"]
+    assert not link.leases  # p0 was not issued again
+    assert d.get_batch(timeout=1) == []
+    m = d.snapshot()
+    assert m["drops"] == {"env_error": 1} and m["reissued"] == 0 and m["trained"] == 1
+
+
+def test_wrong_token_raises_instead_of_hanging():
+    cfg = DispatcherConfig(batch_size=2, vocab_size=VOCAB, reconnect_s=0.05,
+                           security=Security(token="wrong"))
+    with sim_worker(security=Security(token="right")) as w, \
+            Dispatcher([w.address], prompts(4), cfg) as d:
+        t0 = time.monotonic()
+        with pytest.raises(FleetError, match="rejected the credentials") as e:
+            d.get_batch(timeout=30)
+        assert time.monotonic() - t0 < 10 and w.address in str(e.value)
+        problem = d.snapshot()["workers"][w.address]["problem"]
+        assert "UNAUTHENTICATED" in problem
+        wait_until(lambda: not d._links[w.address]._thread.is_alive(), timeout=5)  # no retries
+
+
+def test_wrong_token_on_one_worker_others_still_serve():
+    cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, reconnect_s=0.05,
+                           security=Security(token="right"))
+    with sim_worker(security=Security(token="right")) as good, \
+            sim_worker(security=Security(token="other")) as bad, \
+            Dispatcher([good.address, bad.address], prompts(8), cfg) as d:
+        assert len(d.get_batch(timeout=30)) == 4
+        wait_until(lambda: d.snapshot()["workers"][bad.address]["problem"] != "", timeout=5)
+        m = d.snapshot()
+    assert m["workers"][good.address]["problem"] == ""
+    assert m["workers"][bad.address]["trajectories"] == 0
+
+
+def test_fresh_dispatcher_behind_worker_version_raises_then_initial_version_fixes_it():
+    cfg = DispatcherConfig(batch_size=2, vocab_size=VOCAB, reconnect_s=0.05)
+    with sim_worker() as w:
+        with Dispatcher([w.address], [], cfg) as first:  # a previous learner published v3
+            wait_until(lambda: first.snapshot()["workers"][w.address]["live"])
+            assert first.push_weights(3, "w3") == {w.address: 3}
+        with Dispatcher([w.address], prompts(4), cfg) as d:  # fresh, at version 0
+            with pytest.raises(FleetError, match="version 3"):
+                d.get_batch(timeout=30)
+            assert "version 3" in d.snapshot()["workers"][w.address]["problem"]
+        ok = dataclasses.replace(cfg, initial_version=3)
+        with Dispatcher([w.address], prompts(4), ok) as d:
+            assert len(d.get_batch(timeout=30)) == 2
+            assert d.snapshot()["drops"] == {}
