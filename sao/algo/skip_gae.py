@@ -48,6 +48,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sao.algo.masked import as_f32, as_mask
 
@@ -152,7 +153,11 @@ def _check_inputs(rewards, values, action_mask, bootstrap_value):
 
 
 def _check_unit_interval(name, x):
-    if isinstance(x, numbers.Real) and not 0.0 <= float(x) <= 1.0:
+    """Concrete scalars and arrays must lie in [0, 1]; traced values are not checked."""
+    if isinstance(x, jax.core.Tracer):
+        return
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
         raise ValueError(f"{name} must be in [0, 1], got {x}")
 
 
@@ -185,7 +190,10 @@ def relocate_rewards(rewards, action_mask) -> tuple[Array, Array]:
       ValueError: if shapes differ or are not 2-D.
     """
     _check_inputs(rewards, rewards, action_mask, None)
-    return _relocate_core(as_f32(rewards), as_mask(action_mask))
+    r = as_f32(rewards)
+    if r.size == 0:
+        return r, jnp.zeros((r.shape[0],), jnp.int32)
+    return _relocate_core(r, as_mask(action_mask))
 
 
 @jax.jit
@@ -238,6 +246,8 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
         bootstrap = jnp.zeros((batch, 1), jnp.float32)
     else:
         bootstrap = as_f32(bootstrap_value)[:, None]
+    if r.size == 0:  # B = 0 or T = 0: nothing to estimate
+        return jnp.zeros_like(r), jnp.zeros_like(r)
     return _gae_core(r, v, m, gamma_b, lam_b, bootstrap, method)
 
 

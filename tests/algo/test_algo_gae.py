@@ -220,3 +220,20 @@ def test_inserting_observation_tokens_leaves_action_advantages(data, method):
     # f32 rounding differs with block alignment; |A| can reach ~300, hence atol.
     np.testing.assert_allclose(adv[big[2]], base_adv[mask], rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(ret[big[2]], base_ret[mask], rtol=1e-5, atol=1e-4)
+
+
+def test_gae_empty_batch_and_lam_range_checked():
+    import numpy as _np
+    from sao.algo import gae as _gae, relocate_rewards as _relocate
+    for shape in ((0, 5), (3, 0)):
+        z = _np.zeros(shape, _np.float32)
+        for method in ("chunked", "associative", "scan"):
+            adv, ret = _gae(z, z, z.astype(bool), gamma=1.0, lam=0.9, method=method)
+            assert adv.shape == shape and ret.shape == shape
+        relocated, unassigned = _relocate(z, z.astype(bool))
+        assert relocated.shape == shape and unassigned.shape == (shape[0],)
+    x = _np.zeros((2, 4), _np.float32)
+    with pytest.raises(ValueError, match="lam"):
+        _gae(x, x, x.astype(bool), gamma=1.0, lam=_np.array([0.5, 2.0], _np.float32))
+    with pytest.raises(ValueError, match="gamma"):
+        _gae(x, x, x.astype(bool), gamma=_np.float32(-1.0), lam=0.5)
