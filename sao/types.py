@@ -49,7 +49,14 @@ class Trajectory:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        self.tokens = np.asarray(self.tokens, dtype=np.int32)
+        tokens = np.asarray(self.tokens)
+        if tokens.size and tokens.dtype.kind not in "iub":
+            if tokens.dtype.kind != "f" or not np.all(np.isfinite(tokens)) or np.any(tokens % 1):
+                raise ValueError(f"tokens must be integer ids, got dtype {tokens.dtype}")
+        if tokens.size and tokens.dtype.kind != "b" and (
+                tokens.min() < np.iinfo(np.int32).min or tokens.max() > np.iinfo(np.int32).max):
+            raise ValueError("tokens outside the int32 range (they would wrap silently)")
+        self.tokens = tokens.astype(np.int32)
         self.action_mask = np.asarray(self.action_mask, dtype=bool)
         self.rollout_logprobs = np.asarray(self.rollout_logprobs, dtype=np.float32)
         self.policy_version = np.asarray(self.policy_version, dtype=np.int32)
@@ -96,9 +103,9 @@ def validate(traj: Trajectory, *, vocab_size: int,
     mask = traj.action_mask
     if not mask.any():
         return "no_action_token"
-    lp = traj.rollout_logprobs[mask]
-    if not np.all(np.isfinite(lp)):
+    if not np.all(np.isfinite(traj.rollout_logprobs)):  # off the mask too: they should be 0
         return "nonfinite_logprob"
+    lp = traj.rollout_logprobs[mask]
     if np.any(lp > 0.0):
         return "positive_logprob"
     versions = traj.policy_version[mask]
