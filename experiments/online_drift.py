@@ -33,6 +33,7 @@ def get_config(arg=None):
         c.name = "online_drift_running_mean"
         c.learner.advantage_estimator = "running_mean"
         c.learner.running_mean_window = 128  # online: last 128 rewards overall
+        c.learner.running_mean_scope = "global"
         c.critic.critic_steps = 0
         c.critic.critic_warmup_steps = 0
         c.critic.value_pretrain_steps = 0

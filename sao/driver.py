@@ -102,7 +102,8 @@ def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str
 def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_step: int,
           publish: Callable[[Any, int], str], evaluate: Callable[[Any, int], dict],
           checkpoint: Callable[[Any, int], None], write: Callable[[int, dict], None],
-          on_step: Callable[[int, dict], None] = lambda step, m: None):
+          on_step: Callable[[int, dict], None] = lambda step, m: None,
+          advantages: Callable[[Sequence[Trajectory], int], np.ndarray] | None = None):
     """Runs learner steps ``start_step .. loop.steps - 1``; returns ``(states, steps_done, counts)``.
 
     Args:
@@ -113,6 +114,8 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
       evaluate: ``evaluate(states, step) -> {"eval/...": ...}``.
       checkpoint: ``checkpoint(states, step)`` saves a training checkpoint.
       write: ``write(step, metrics)``, one record per step.
+      advantages: ``advantages(trajs, B) -> f32[B]`` per-row advantages for
+        ``advantage_estimator="given"`` (e.g. ``sao.learner.baselines.RunningMeanBaseline``).
     ``counts`` = ``{"trajectories": used, "dropped": dropped by the fleet}``.
     Raises TimeoutError when no batch arrives within ``loop.batch_timeout_s``.
     """
@@ -126,7 +129,10 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
         batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
                                  pad_id=cfg.pad_id)
         metrics = batch_metrics(trajs, version)
-        states, m = learner.sao_update(states, batch)                    # critic K steps, DIS actor step
+        if advantages is None:
+            states, m = learner.sao_update(states, batch)                # critic K steps, DIS actor step
+        else:                                                          # critic-free, caller's baseline
+            states, m = learner.sao_update(states, batch, advantages(trajs, cfg.batch_size))
         metrics.update(m)
         used += len(trajs)
         version = states.policy_version

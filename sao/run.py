@@ -25,7 +25,7 @@ import time
 import ml_collections
 
 # Keys of the ``learner`` / ``critic`` groups that the driver reads, not LearnerConfig.
-DRIVER_KEYS = ("running_mean_window", "value_pretrain_trajectories")
+DRIVER_KEYS = ("running_mean_window", "running_mean_scope", "value_pretrain_trajectories")
 
 
 def learner_config(cfg: ml_collections.ConfigDict):
@@ -33,13 +33,30 @@ def learner_config(cfg: ml_collections.ConfigDict):
 
     ``temperature`` is ``rollout.temperature``: log pi_theta is computed at the sampling
     temperature (ALGORITHM.md section 4), so it is derived here, after any override.
+    ``advantage_estimator="running_mean"`` becomes ``"given"``: the driver computes the
+    advantages (``sao.learner.baselines.RunningMeanBaseline``, see :func:`running_mean_baseline`).
     """
     import dataclasses
     from sao.learner import LearnerConfig
     merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(), "temperature": cfg.rollout.temperature}
     if "seed" in {f.name for f in dataclasses.fields(LearnerConfig)}:
         merged["seed"] = cfg.seed
+    if merged.get("advantage_estimator") == "running_mean":
+        merged["advantage_estimator"] = "given"
     return LearnerConfig.from_config({k: v for k, v in merged.items() if k not in DRIVER_KEYS})
+
+
+def running_mean_baseline(cfg):
+    """``RunningMeanBaseline`` for ``learner.advantage_estimator="running_mean"``, else None.
+
+    ``learner.running_mean_window`` rewards per slot; ``learner.running_mean_scope``:
+    ``"prompt"`` (one slot per prompt, default) or ``"global"`` (the online setting).
+    """
+    if cfg.learner.advantage_estimator != "running_mean":
+        return None
+    from sao.learner.baselines import RunningMeanBaseline
+    return RunningMeanBaseline(cfg.learner.running_mean_window,
+                               scope=cfg.learner.get("running_mean_scope", "prompt"))
 
 
 def make_tokenizer(cfg):
@@ -312,6 +329,9 @@ class _LearnerContext:
         else:
             states, start_step, data_state = self.restore(checkpointer, states)
             self.log(f"resumed at step {start_step} (policy version {states.policy_version})")
+        baseline = running_mean_baseline(cfg)              # running-mean advantages, or None
+        if baseline is not None and (data_state or {}).get("baseline"):
+            baseline.load_state_dict(data_state["baseline"])
         import shutil
         publish_dir = os.path.join(self.workdir, "publish")
         shutil.rmtree(publish_dir, ignore_errors=True)     # a crashed run may have published ahead
@@ -323,7 +343,8 @@ class _LearnerContext:
                                  eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
                                  batch_timeout_s=cfg.run.batch_timeout_s)
         save = lambda s, step: self.save(checkpointer, s, step, data_state={
-            "prompts": stream.get_state(), "dispatcher": dispatcher.state_dict()}, extra={})
+            "prompts": stream.get_state(), "dispatcher": dispatcher.state_dict(),
+            "baseline": baseline.state_dict() if baseline is not None else None}, extra={})
         with dispatcher, Progress(cfg.run.steps, description="SAO", enabled=cfg.run.progress,
                                   keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
                                         "critic/explained_variance")) as bar:
@@ -331,7 +352,7 @@ class _LearnerContext:
             states, steps_done, _ = driver.train(
                 self.learner, states, self.source(dispatcher), loop=loop, start_step=start_step,
                 publish=publish, evaluate=self.evaluate, checkpoint=save,
-                write=self.writer.write, on_step=bar.update)
+                write=self.writer.write, on_step=bar.update, advantages=baseline)
             save(states, steps_done)
         checkpointer.close()
         fleet = dispatcher.snapshot()                      # cumulative over resumes (saved with the fleet state)

@@ -43,14 +43,16 @@ def test_config_loads_locked_and_valid(name, variant):
     assert cfg.model.preset == "tiny" and cfg.rollout.engine == "jax"
   else:
     assert cfg.model.preset.startswith("qwen3") and cfg.rollout.engine == "sglang"
-  from sao.learner.config import ADVANTAGE_ESTIMATORS
-  if cfg.learner.advantage_estimator not in ADVANTAGE_ESTIMATORS:
-    # The running-mean baseline (sao.algo.running_mean_advantages) has no learner path yet:
-    # the config must be refused loudly, not trained with another estimator.
-    with pytest.raises(ValueError, match="advantage_estimator"):
-      learner_config(cfg)
-    return
+  from sao.run import running_mean_baseline
   lc = learner_config(cfg)
+  baseline = running_mean_baseline(cfg)
+  if cfg.learner.advantage_estimator == "running_mean":
+    # The driver computes the advantages (sao.learner.baselines); the learner gets them "given".
+    assert lc.advantage_estimator == "given" and not lc.uses_critic
+    assert baseline.window == cfg.learner.running_mean_window
+    assert baseline.scope == ("global" if name == "online_drift" else "prompt")
+  else:
+    assert baseline is None
   assert isinstance(lc, LearnerConfig) and lc.batch_size == cfg.learner.batch_size
   cfg.rollout.temperature = 0.6          # an override after get_config reaches the learner too
   assert learner_config(cfg).temperature == 0.6
