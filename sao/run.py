@@ -78,12 +78,13 @@ def make_policy(cfg, seed: int = 0):
 
 
 def make_tasks(cfg) -> dict:
-    """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs get ``env.task_config.<dataset>``)."""
+    """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
+    ``drift/<dataset>`` get ``env.task_config.<dataset>``)."""
     from sao.envs import make_task
     tasks = {}
     for i, spec in enumerate(cfg.env.tasks):
-        if spec.startswith("rg/"):
-            conf = cfg.env.task_config.get(spec[3:], ml_collections.ConfigDict()).to_dict()
+        if spec.startswith(("rg/", "drift/")):
+            conf = cfg.env.task_config.get(spec.split("/", 1)[1], ml_collections.ConfigDict()).to_dict()
             task = make_task(spec, size=cfg.env.task_size, seed=cfg.seed + i, config=conf,
                              grader=cfg.env.grader)
         else:
@@ -92,23 +93,52 @@ def make_tasks(cfg) -> dict:
     return tasks
 
 
-def make_env_factory(cfg, tasks: dict):
-    from sao.envs import EpisodeConfig, ToolEnv
+def make_env_factory(cfg, tasks: dict, clock=None):
+    """``() -> Env``: a ``ToolEnv``, or a ``DriftEnv`` when ``env.drift_schedule`` is set.
+
+    ``clock() -> int`` is the learner step the drift env judges at (the engine's
+    policy version); ``env.judge`` (default ``"rule"``) picks the drift judge.
+    ``env.prompt_style="question"`` shows the question alone (tiny models).
+    """
+    from sao.envs import EpisodeConfig, env_factory
     e = cfg.env
     episode = EpisodeConfig(tool_format=e.tool_format, max_turns=cfg.rollout.max_turns,
                             max_tool_calls=e.max_tool_calls, tool_timeout_s=e.tool_timeout_s,
                             tool_memory_mb=e.tool_memory_mb,
                             max_observation_chars=e.max_observation_chars)
+    make = env_factory(tasks, episode, drift_schedule=tuple(e.get("drift_schedule", ())),
+                       clock=clock, judge=e.get("judge", "rule"))
+    if e.prompt_style != "question":
+        return make
 
-    class QuestionToolEnv(ToolEnv):
-        """ToolEnv whose prompt is the question alone (tiny models, ``env.prompt_style="question"``)."""
+    def make_question_env():
+        env = make()
+        reset = env.reset
 
-        def reset(self, prompt):
-            super().reset(prompt)
+        def question_reset(prompt):
+            reset(prompt)
             return prompt["text"] + "\n"
+        env.reset = question_reset
+        return env
+    return make_question_env
 
-    env_cls = QuestionToolEnv if e.prompt_style == "question" else ToolEnv
-    return lambda: env_cls(tasks, episode)
+
+def engine_clock(get_engine):
+    """``() -> int``: the policy version of ``get_engine()`` (0 before the first push)."""
+    return lambda: max(0, int(get_engine().version))
+
+
+def env_metrics(trajs) -> dict:
+    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
+    import numpy as np
+    drift = [t.metadata for t in trajs if "phase" in t.metadata]
+    if not drift:
+        return {}
+    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
+            "env/phase": float(max(m["phase"] for m in drift)),
+            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
+            "env/quality": float(np.mean([m["quality"] for m in drift])),
+            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
 
 
 def sampling_params(cfg, tokenizer):
@@ -160,7 +190,8 @@ def rollout_worker(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0,
 
     def make():
         engine = make_engine(cfg, seed=cfg.seed * 1000 + worker_index + 1, sglang_url=sglang_url)
-        episode = agent_episode_fn(engine, make_env_factory(cfg, make_tasks(cfg)), tokenizer,
+        make_env = make_env_factory(cfg, make_tasks(cfg), clock=engine_clock(lambda: engine))
+        episode = agent_episode_fn(engine, make_env, tokenizer,
                                    sampling_params(cfg, tokenizer), **episode_kwargs(cfg, tokenizer))
         return engine, episode
 
@@ -287,6 +318,24 @@ class _PromptStream:
             return self._it.get_state()
 
 
+class _EnvMetricsSource:
+    """A trajectory source that keeps ``env_metrics`` of its last batch (``last``)."""
+
+    def __init__(self, source):
+        self.source, self.last = source, {}
+
+    def get_batch(self, timeout: float | None = None):
+        trajs = self.source.get_batch(timeout=timeout)
+        self.last = env_metrics(trajs or [])
+        return trajs
+
+    def push_weights(self, version: int, uri: str, timeout: float | None = None) -> dict:
+        return self.source.push_weights(version, uri, timeout)
+
+    def snapshot(self) -> dict:
+        return self.source.snapshot()
+
+
 class _LearnerContext:
     """The learner's phases over one workdir (see the module doc for the cache layout)."""
 
@@ -294,7 +343,7 @@ class _LearnerContext:
         self.cfg, self.workdir, self.writer, self.console = cfg, workdir, writer, console
         self.tokenizer = make_tokenizer(cfg)
         self.tasks = make_tasks(cfg)
-        self.make_env = make_env_factory(cfg, self.tasks)
+        self.make_env = make_env_factory(cfg, self.tasks, clock=engine_clock(lambda: self.engine))
         self.sampling = sampling_params(cfg, self.tokenizer)
         from sao.data.prompts import split_records
         records = [r for t in self.tasks.values() for r in t.records()]
@@ -349,10 +398,12 @@ class _LearnerContext:
                                   keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
                                         "critic/explained_variance")) as bar:
             bar.update(start_step)
+            source = _EnvMetricsSource(self.source(dispatcher))
             states, steps_done, _ = driver.train(
-                self.learner, states, self.source(dispatcher), loop=loop, start_step=start_step,
+                self.learner, states, source, loop=loop, start_step=start_step,
                 publish=publish, evaluate=self.evaluate, checkpoint=save,
-                write=self.writer.write, on_step=bar.update, advantages=baseline)
+                write=lambda step, m: self.writer.write(step, {**m, **source.last}),
+                on_step=bar.update, advantages=baseline)
             save(states, steps_done)
         checkpointer.close()
         fleet = dispatcher.snapshot()                      # cumulative over resumes (saved with the fleet state)

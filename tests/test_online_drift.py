@@ -1,0 +1,46 @@
+"""End to end: ``experiments/online_drift.py:cpu`` (simulated online learning, ALGORITHM.md §8).
+
+A tiny run (short SFT so the policy answers, two rollout workers) whose style
+schedule switches at policy version 1: the ``env/...`` metrics, read from the
+trajectories' drift metadata, show phase 0 ("bare") first and phase 1 after.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from sao import metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = ["--config.sft.steps=60", "--config.sft.warmup_steps=5", "--config.sft.batch_size=16",
+        "--config.sft.num_demos=960", "--config.learner.batch_size=8",
+        "--config.critic.value_pretrain_steps=0", "--config.critic.critic_warmup_steps=0",
+        "--config.eval.num_prompts=8", "--config.eval.every=0", "--config.env.task_size=200",
+        "--config.data.heldout_fraction=0.2", "--config.rollout.max_concurrency=4",
+        "--config.rollout.engine_slots=4", "--config.checkpoint.every=100",
+        "--config.run.progress=False",
+        # switch after step 1; tau=1 drops version-0 trajectories from step 3 on
+        "--config.env.drift_schedule=(1,)", "--config.rollout.tau=1", "--config.run.steps=3"]
+
+
+@pytest.mark.slow
+def test_online_drift_cpu_switches_style(tmp_path):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  argv = [sys.executable, "-m", "sao.main", "--config=experiments/online_drift.py:cpu",
+          f"--workdir={tmp_path}", *TINY]
+  proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  recs = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if r["phase"] == "rl"}
+  assert sorted(recs) == [0, 1, 2, 3]
+  drift = {s: r for s, r in recs.items() if "env/phase" in r}
+  assert drift, "no judged episode carried drift metadata"
+  # Step 1 trains on episodes sampled and judged at policy version 0: style phase 0.
+  if 1 in drift:
+    assert drift[1]["env/phase"] == 0 and drift[1]["env/learner_step"] == 0
+  # Step 3 (tau=1) only has episodes sampled at version >= 1: the style switched.
+  assert drift[3]["env/phase_mean"] == 1.0 and drift[3]["env/learner_step"] >= 1
+  for r in drift.values():
+    assert 0.0 <= r["env/quality"] <= 1.0 and 0.0 <= r["env/style_ok"] <= 1.0
