@@ -16,7 +16,7 @@ Experiment files call :func:`base` and state only what differs, then
 
 ``learner`` and ``critic`` hold ``LearnerConfig``'s keys plus two keys the
 driver reads (``running_mean_window``, ``running_mean_scope``, ``value_pretrain_trajectories``);
-``sao.run.learner_config(cfg)`` merges them and adds ``temperature`` =
+``sao.build.learner_config(cfg)`` merges them and adds ``temperature`` =
 ``rollout.temperature`` (log-probs at the sampling temperature).
 ``model.preset`` names a ``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
 by an SGLang fleet (``rollout.engine = "sglang"``) on TPU / GPU meshes.

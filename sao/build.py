@@ -1,0 +1,166 @@
+"""Builders from an experiment config: learner config, tokenizer, policy, tasks,
+environments, sampling, engines.
+
+Pure construction, no processes or files: ``sao.run`` wires these into the
+roles of a run (rollout worker, learner, local fleet).
+"""
+from __future__ import annotations
+
+import ml_collections
+
+
+# Keys of the ``learner`` / ``critic`` groups that the driver reads, not LearnerConfig.
+DRIVER_KEYS = ("running_mean_window", "running_mean_scope", "value_pretrain_trajectories")
+
+
+def learner_config(cfg: ml_collections.ConfigDict):
+    """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys).
+
+    ``temperature`` is ``rollout.temperature``: log pi_theta is computed at the sampling
+    temperature (ALGORITHM.md section 4), so it is derived here, after any override.
+    ``advantage_estimator="running_mean"`` becomes ``"given"``: the driver computes the
+    advantages (``sao.learner.baselines.RunningMeanBaseline``, see :func:`running_mean_baseline`).
+    """
+    import dataclasses
+    from sao.learner import LearnerConfig
+    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(), "temperature": cfg.rollout.temperature}
+    if "seed" in {f.name for f in dataclasses.fields(LearnerConfig)}:
+        merged["seed"] = cfg.seed
+    if merged.get("advantage_estimator") == "running_mean":
+        merged["advantage_estimator"] = "given"
+    return LearnerConfig.from_config({k: v for k, v in merged.items() if k not in DRIVER_KEYS})
+
+
+def running_mean_baseline(cfg):
+    """``RunningMeanBaseline`` for ``learner.advantage_estimator="running_mean"``, else None.
+
+    ``learner.running_mean_window`` rewards per slot; ``learner.running_mean_scope``:
+    ``"prompt"`` (one slot per prompt, default) or ``"global"`` (the online setting).
+    """
+    if cfg.learner.advantage_estimator != "running_mean":
+        return None
+    from sao.learner.baselines import RunningMeanBaseline
+    return RunningMeanBaseline(cfg.learner.running_mean_window,
+                               scope=cfg.learner.get("running_mean_scope", "prompt"))
+
+
+def make_tokenizer(cfg):
+    from sao.models.tokenizer import ByteTokenizer
+    if cfg.model.tokenizer == "byte":
+        return ByteTokenizer()
+    from sao.models import from_pretrained
+    return from_pretrained(cfg.model.init)[2]
+
+
+def make_policy(cfg, seed: int = 0):
+    """The policy ``Transformer`` (preset, random init) or the HF / GGUF model at ``model.init``."""
+    from flax import nnx
+    from sao.models import Transformer, from_pretrained, get_preset
+    if cfg.model.init:
+        return from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype)[1]
+    mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype)
+    return Transformer(mcfg, rngs=nnx.Rngs(seed))
+
+
+def make_tasks(cfg) -> dict:
+    """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
+    ``drift/<dataset>`` get ``env.task_config.<dataset>``)."""
+    from sao.envs import make_task
+    tasks = {}
+    for i, spec in enumerate(cfg.env.tasks):
+        if spec.startswith(("rg/", "drift/")):
+            conf = cfg.env.task_config.get(spec.split("/", 1)[1], ml_collections.ConfigDict()).to_dict()
+            task = make_task(spec, size=cfg.env.task_size, seed=cfg.seed + i, config=conf,
+                             grader=cfg.env.grader)
+        else:
+            task = make_task(spec)
+        tasks[task.name] = task
+    return tasks
+
+
+def make_env_factory(cfg, tasks: dict, clock=None):
+    """``() -> Env``: a ``ToolEnv``, or a ``DriftEnv`` when ``env.drift_schedule`` is set.
+
+    ``clock() -> int`` is the learner step the drift env judges at (the engine's
+    policy version); ``env.judge`` (default ``"rule"``) picks the drift judge.
+    ``env.prompt_style="question"`` shows the question alone (tiny models).
+    """
+    from sao.envs import EpisodeConfig, env_factory
+    e = cfg.env
+    episode = EpisodeConfig(tool_format=e.tool_format, max_turns=cfg.rollout.max_turns,
+                            max_tool_calls=e.max_tool_calls, tool_timeout_s=e.tool_timeout_s,
+                            tool_memory_mb=e.tool_memory_mb,
+                            max_observation_chars=e.max_observation_chars)
+    make = env_factory(tasks, episode, drift_schedule=tuple(e.get("drift_schedule", ())),
+                       clock=clock, judge=e.get("judge", "rule"))
+    if e.prompt_style != "question":
+        return make
+
+    def make_question_env():
+        env = make()
+        reset = env.reset
+
+        def question_reset(prompt):
+            reset(prompt)
+            return prompt["text"] + "\n"
+        env.reset = question_reset
+        return env
+    return make_question_env
+
+
+def engine_clock(get_engine):
+    """``() -> int``: the policy version of ``get_engine()`` (0 before the first push)."""
+    return lambda: max(0, int(get_engine().version))
+
+
+def env_metrics(trajs) -> dict:
+    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
+    import numpy as np
+    drift = [t.metadata for t in trajs if "phase" in t.metadata]
+    if not drift:
+        return {}
+    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
+            "env/phase": float(max(m["phase"] for m in drift)),
+            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
+            "env/quality": float(np.mean([m["quality"] for m in drift])),
+            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
+
+
+def sampling_params(cfg, tokenizer):
+    from sao.rollout.base import SamplingParams
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_id,))
+
+
+def turn_format(cfg, tokenizer):
+    from sao.rollout.agent import byte_tool_format, chatml_tool_format
+    return byte_tool_format(tokenizer) if cfg.env.tool_format == "tags" else chatml_tool_format(tokenizer)
+
+
+def episode_kwargs(cfg, tokenizer) -> dict:
+    return dict(max_turns=cfg.rollout.max_turns, max_total_tokens=cfg.rollout.max_len,
+                turn_format=turn_format(cfg, tokenizer))
+
+
+# Version a rollout worker reports before the learner's first push: no learner version,
+# so the dispatcher always syncs the learner's weights (its version 0 may be SFT'd) first.
+NO_WEIGHTS_VERSION = -1
+
+
+def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None):
+    """``JaxEngine`` over ``model`` or ``SGLangEngine``.
+
+    Without ``model`` (a rollout worker) the engine serves a fresh policy at
+    version ``NO_WEIGHTS_VERSION`` until the learner pushes its weights.
+    """
+    version = 0 if model is not None else NO_WEIGHTS_VERSION
+    if cfg.rollout.engine == "sglang":
+        from sao.rollout.sglang_engine import SGLangEngine
+        if not sglang_url:
+            raise ValueError("rollout.engine='sglang' needs --sglang_url")
+        return SGLangEngine(sglang_url, version=version)
+    from sao.rollout.jax_engine import JaxEngine
+    return JaxEngine(model if model is not None else make_policy(cfg, seed),
+                     max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
+                     version=version)
