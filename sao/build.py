@@ -64,7 +64,8 @@ def make_policy(cfg, seed: int = 0):
 
 def make_tasks(cfg) -> dict:
     """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
-    ``drift/<dataset>`` get ``env.task_config.<dataset>``)."""
+    ``drift/<dataset>`` get ``env.task_config.<dataset>`` and ``env.grader``; ``humaneval``
+    grades its tests under ``env.tool_timeout_s`` / ``env.tool_memory_mb``)."""
     from sao.envs import make_task
     tasks = {}
     for i, spec in enumerate(cfg.env.tasks):
@@ -72,6 +73,10 @@ def make_tasks(cfg) -> dict:
             conf = cfg.env.task_config.get(spec.split("/", 1)[1], ml_collections.ConfigDict()).to_dict()
             task = make_task(spec, size=cfg.env.task_size, seed=cfg.seed + i, config=conf,
                              grader=cfg.env.grader)
+        elif spec == "humaneval":  # the task's tests run with the tool's sandbox limits
+            from sao.envs.sandbox import SandboxLimits
+            task = make_task(spec, limits=SandboxLimits(timeout_s=cfg.env.tool_timeout_s,
+                                                        memory_mb=cfg.env.tool_memory_mb))
         else:
             task = make_task(spec)
         tasks[task.name] = task

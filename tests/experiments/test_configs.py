@@ -92,3 +92,14 @@ def test_full_scale_models_shape_only(preset):
   n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
   expected = {"qwen3-30b-a3b": 30.5e9, "qwen3-8b": 8.2e9, "qwen3-1.7b": 1.72e9}[preset]
   assert abs(n - expected) / expected < 0.03, (preset, n)
+
+
+def test_coding_tasks_grade_with_the_configured_sandbox_limits():
+  from experiments import sao_coding
+  from sao.build import make_tasks
+  for variant in ("cpu", "qwen3_8b"):
+    cfg = sao_coding.get_config(variant)
+    task = make_tasks(cfg)["humaneval"]
+    assert task.limits.timeout_s == cfg.env.tool_timeout_s
+    assert task.limits.memory_mb == cfg.env.tool_memory_mb
+  assert cfg.env.tool_timeout_s == 20.0  # full scale: test suites need longer than the default
