@@ -45,6 +45,14 @@ def print_steps(steps: Sequence[Step], out=None) -> None:
         print(f"[{s.where}] {s.shell()}", file=out)
 
 
+def dry_run_or_run(steps: Sequence[Step], dry_run: bool) -> int:
+    """``--dry-run``: prints the steps and returns 0; otherwise runs them (``run_steps``)."""
+    if dry_run:
+        print_steps(steps)
+        return 0
+    return run_steps(steps)
+
+
 def run_steps(steps: Sequence[Step]) -> int:
     """Runs steps in order; background steps are started and waited for at the end.
 

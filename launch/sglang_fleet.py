@@ -18,7 +18,7 @@ import sys
 if __package__ in (None, ""):
     import os
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launch.common import Step, add_common_flags, print_steps, run_steps, sao_main  # noqa: E402
+from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
 
 SERVER_MODULES = {"torch": "sglang.launch_server", "jax": "sgl_jax.launch_server"}
 
@@ -65,11 +65,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.servers < 1 or args.tp < 1:
         parser.error("--servers and --tp must be >= 1")
-    steps = build(args)
-    if args.dry_run:
-        print_steps(steps)
-        return 0
-    return run_steps(steps)
+    return dry_run_or_run(build(args), args.dry_run)
 
 
 if __name__ == "__main__":

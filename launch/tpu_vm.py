@@ -20,7 +20,7 @@ import sys
 if __package__ in (None, ""):
     import os
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launch.common import Step, add_common_flags, print_steps, run_steps, sao_main  # noqa: E402
+from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
 
 CHIPS_PER_HOST = 4          # v4 / v5p hosts have 4 chips
 COORDINATOR_PORT = 8476
@@ -84,11 +84,7 @@ def main(argv=None) -> int:
     parser.add_argument("--fleet_model", default="gs://BUCKET/models/base", help="HF dir the fleet starts from")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
-    steps = build(args)
-    if args.dry_run:
-        print_steps(steps)
-        return 0
-    return run_steps(steps)
+    return dry_run_or_run(build(args), args.dry_run)
 
 
 if __name__ == "__main__":
