@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao.algo.checks import check_range
 from sao.algo.masked import as_f32, as_mask, check_same_shape
 
 Array = jax.Array
@@ -46,13 +47,21 @@ def aggregate(per_token, mask, mode: str = "token-mean", *, global_token_count=N
       f32 scalar; 0 when the mask is empty.
 
     Raises:
-      ValueError: on shape mismatch, a non-2-D input or an unknown mode.
+      ValueError: on shape mismatch, a non-2-D input, an unknown mode, a
+        concrete negative ``global_token_count`` / ``global_seq_count`` or a
+        concrete ``normalizer <= 0``.
     """
     if mode not in AGGREGATION_MODES:
         raise ValueError(f"unknown aggregation mode {mode!r}; valid: {AGGREGATION_MODES}")
     check_same_shape(per_token=per_token, mask=mask)
     if jnp.ndim(per_token) != 2:
         raise ValueError(f"expected [B, T], got shape {jnp.shape(per_token)}")
+    if global_token_count is not None:
+        check_range("global_token_count", global_token_count, low=0.0)
+    if global_seq_count is not None:
+        check_range("global_seq_count", global_seq_count, low=0.0)
+    if normalizer is not None:
+        check_range("normalizer", normalizer, low=0.0, low_inclusive=False)
     m = as_mask(mask)
     x = jnp.where(m, as_f32(per_token), 0.0)
     if mode == "token-mean":

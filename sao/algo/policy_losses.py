@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from sao.algo.checks import check_range
 from sao.algo.masked import as_f32, as_mask, check_same_shape, masked_mean
 
 Array = jax.Array
@@ -37,9 +38,9 @@ def _prepare(logprobs, behaviour_logprobs, advantages, action_mask):
 
 
 def _check_eps(eps_low, eps_high):
-    for name, x in (("eps_low", eps_low), ("eps_high", eps_high)):
-        if isinstance(x, (int, float)) and not x > 0:
-            raise ValueError(f"{name} must be > 0, got {x}")
+    # 1 - eps_low is the band's / clip range's lower edge: it must stay >= 0.
+    check_range("eps_low", eps_low, low=0.0, high=1.0, low_inclusive=False)
+    check_range("eps_high", eps_high, low=0.0, low_inclusive=False)
 
 
 def _ratio_diagnostics(log_ratio, m) -> dict[str, Array]:
@@ -109,8 +110,7 @@ def _ppo_core(ratio, adv, m, eps_low, eps_high, clip_ratio_c):
     diag = {"clip_fraction": ppo_clip_fraction(jax.lax.stop_gradient(ratio), adv, m,
                                                eps_low=eps_low, eps_high=eps_high)}
     if clip_ratio_c is not None:
-        if isinstance(clip_ratio_c, (int, float)) and not clip_ratio_c > 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+        check_range("clip_ratio_c", clip_ratio_c, low=1.0, low_inclusive=False)
         capped = jnp.minimum(loss, -adv * clip_ratio_c)
         dual_active = (adv < 0) & (capped < loss)
         loss = jnp.where(adv < 0, capped, loss)
@@ -182,11 +182,12 @@ def tis_policy_loss(logprobs, old_logprobs, advantages, action_mask, *, rollout_
 
     Extra args: ``rollout_logprobs f32[B, T]``, ``cap > 0``. Diagnostics add
     ``mean_is_weight`` and ``frac_is_capped`` (tokens with ``w > cap``).
-    Raises ValueError on shape mismatch or unknown ``mode``.
+    Raises ValueError on shape mismatch, unknown ``mode`` or a concrete ``cap <= 0``.
     """
     if mode not in ("truncate", "mask"):
         raise ValueError(f"unknown TIS mode {mode!r}; valid: ('truncate', 'mask')")
     check_same_shape(logprobs=logprobs, rollout_logprobs=rollout_logprobs)
+    check_range("cap", cap, low=0.0, low_inclusive=False)
     loss, diag = ppo_clip_loss(logprobs, old_logprobs, advantages, action_mask,
                                eps_low=eps_low, eps_high=eps_high, clip_ratio_c=clip_ratio_c)
     m = as_mask(action_mask)

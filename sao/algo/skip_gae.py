@@ -42,13 +42,12 @@ solvers of that recurrence (sao/algo/recurrence.py), selected by ``method``
 from __future__ import annotations
 
 import functools
-import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sao.algo import recurrence
+from sao.algo.checks import check_range
 from sao.algo.masked import as_f32, as_mask
 
 Array = jax.Array
@@ -64,15 +63,6 @@ def _check_inputs(rewards, values, action_mask, bootstrap_value):
     if bootstrap_value is not None and jnp.shape(bootstrap_value) != (batch,):
         raise ValueError(f"bootstrap_value must be f32[B]=({batch},), "
                          f"got {jnp.shape(bootstrap_value)}")
-
-
-def _check_unit_interval(name, x):
-    """Concrete scalars and arrays must lie in [0, 1]; traced values are not checked."""
-    if isinstance(x, jax.core.Tracer):
-        return
-    arr = np.asarray(x, dtype=np.float64)
-    if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
-        raise ValueError(f"{name} must be in [0, 1], got {x}")
 
 
 def _row_param(x, batch: int, name: str) -> Array:
@@ -156,8 +146,8 @@ def gae(rewards, values, action_mask, *, gamma, lam, bootstrap_value=None,
     if method not in GAE_METHODS:
         raise ValueError(f"unknown GAE method {method!r}; valid: {GAE_METHODS}")
     _check_inputs(rewards, values, action_mask, bootstrap_value)
-    _check_unit_interval("gamma", gamma)
-    _check_unit_interval("lam", lam)
+    check_range("gamma", gamma, low=0.0, high=1.0)
+    check_range("lam", lam, low=0.0, high=1.0)
     r, v, m = as_f32(rewards), as_f32(values), as_mask(action_mask)
     batch = r.shape[0]
     gamma_b = _row_param(gamma, batch, "gamma")
@@ -244,8 +234,7 @@ def length_adaptive_lambda(action_mask, alpha: float = 1.5) -> Array:
     """
     if jnp.ndim(action_mask) != 2:
         raise ValueError(f"action_mask must be [B, T], got shape {jnp.shape(action_mask)}")
-    if isinstance(alpha, numbers.Real) and not float(alpha) > 0.0:
-        raise ValueError(f"alpha must be > 0, got {alpha}")
+    check_range("alpha", alpha, low=0.0, low_inclusive=False)
     length = jnp.sum(as_mask(action_mask), axis=1).astype(jnp.float32)
     scaled = as_f32(alpha) * length
     return jnp.where(scaled > 1.0, 1.0 - 1.0 / jnp.maximum(scaled, 1.0), 0.0)

@@ -62,6 +62,19 @@ def test_aggregate_empty_mask_normaliser_and_errors():
         aggregate(X, M, "sum")
     with pytest.raises(ValueError, match="shape"):
         aggregate(X, M[:, :2])
+    # Concrete hyper-parameters out of range raise instead of giving -inf / a
+    # silently clamped denominator.
+    for bad in (0.0, -3.0, np.float32(0.0), np.nan):
+        with pytest.raises(ValueError, match="normalizer"):
+            aggregate(X, M, "seq-mean-token-sum-norm", normalizer=bad)
+    with pytest.raises(ValueError, match="global_token_count"):
+        aggregate(X, M, global_token_count=-1)
+    with pytest.raises(ValueError, match="global_seq_count"):
+        aggregate(X, M, "seq-mean-token-mean", global_seq_count=jnp.asarray(-2.0))
+    assert aggregate(X, np.zeros_like(M), global_token_count=0) == 0.0  # empty global batch
+    # Traced values cannot be inspected and pass through.
+    assert np.isfinite(jax.jit(lambda n: aggregate(X, M, "seq-mean-token-sum-norm",
+                                                   normalizer=n))(4.0))
 
 
 def test_masked_statistics():

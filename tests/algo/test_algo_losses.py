@@ -151,6 +151,19 @@ def test_bad_policy_loss_inputs():
         dis_policy_loss(x, x, x, x, eps_low=0.0, eps_high=5.0)
     with pytest.raises(ValueError, match="clip_ratio_c"):
         ppo_clip_loss(x, x, x, x, clip_ratio_c=0.5)
+    # NumPy scalars and arrays are checked like Python numbers; eps_low > 1
+    # would put the band's lower edge 1 - eps_low below 0.
+    for bad in (-0.2, np.float32(-0.2), np.asarray(1.5), np.inf):
+        with pytest.raises(ValueError, match="eps_low"):
+            dis_policy_loss(x, x, x, x, eps_low=bad, eps_high=5.0)
+        with pytest.raises(ValueError, match="eps_low"):
+            ppo_clip_loss(x, x, x, x, eps_low=bad)
+    with pytest.raises(ValueError, match="eps_high"):
+        gspo_loss(x, x, x, x, eps_high=np.float32(-1e-4))
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="cap"):
+            tis_policy_loss(x, x, x, x, rollout_logprobs=x, cap=bad)
+    dis_policy_loss(x, x, x, x, eps_low=1.0, eps_high=5.0)  # lower edge 0: allowed
 
 
 def test_value_loss_plain_and_clipped():
