@@ -104,6 +104,7 @@ class SandboxLimits:
     Attributes:
       timeout_s: wall-clock seconds before the process tree is killed (> 0).
       memory_mb: address-space limit (RLIMIT_AS) in MiB of each process.
+        Sizes, counts and ``cpu_s`` are integers.
       cpu_s: CPU-seconds limit (RLIMIT_CPU); None means ceil(timeout_s).
       max_processes: processes (tasks) the sandbox uid may hold (RLIMIT_NPROC).
       max_file_mb: largest file the program may write (RLIMIT_FSIZE), MiB.
@@ -111,7 +112,7 @@ class SandboxLimits:
       max_open_files: RLIMIT_NOFILE.
       max_output_bytes: bytes kept per stream; more ends the run (truncated).
 
-    Raises ValueError on a non-positive limit.
+    Raises ValueError on a non-positive limit or a non-integer size / count.
     """
 
     timeout_s: float = 5.0
@@ -124,13 +125,21 @@ class SandboxLimits:
     max_output_bytes: int = 16384
 
     def __post_init__(self):
-        for name in ("timeout_s", "memory_mb", "max_processes", "max_file_mb",
-                     "disk_mb", "max_open_files", "max_output_bytes"):
+        timeout = self.timeout_s
+        if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"SandboxLimits.timeout_s must be a positive number, got {timeout!r}")
+        # Sizes and counts go to prlimit / mount as integers: a fraction such as
+        # memory_mb=0.5 would make the sandbox's own setup fail, not the program.
+        for name in ("memory_mb", "max_processes", "max_file_mb", "disk_mb",
+                     "max_open_files", "max_output_bytes"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"SandboxLimits.{name} must be a positive number, got {value!r}")
-        if self.cpu_s is not None and self.cpu_s <= 0:
-            raise ValueError(f"SandboxLimits.cpu_s must be positive or None, got {self.cpu_s!r}")
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"SandboxLimits.{name} must be a positive integer, got {value!r}")
+        if self.cpu_s is not None and not (isinstance(self.cpu_s, int)
+                                           and not isinstance(self.cpu_s, bool) and self.cpu_s > 0):
+            raise ValueError(f"SandboxLimits.cpu_s must be a positive integer or None, "
+                             f"got {self.cpu_s!r}")
 
     @property
     def cpu_limit_s(self) -> int:
@@ -289,7 +298,8 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
 
     Returns a ``ToolResult``; hostile or broken code is reported in it, never
     raised. Raises SandboxUnavailableError if namespaces are not allowed here,
-    ValueError on a bad file name or limit, TypeError if ``code`` is not str.
+    ValueError on a bad file name (outside the working directory, or
+    ``main.py``, which is ``code``) or limit, TypeError if ``code`` is not str.
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be str, got {type(code).__name__}")
@@ -405,6 +415,8 @@ async def run_python_async(code: str, *, timeout_s: float = 5.0, memory_mb: int 
 
 
 def _write_files(workdir: str, code: str, files: Mapping[str, str | bytes]) -> None:
+    if any(os.path.normpath(name) == "main.py" for name in files):
+        raise ValueError("files must not contain main.py: the program is the `code` argument")
     entries = {"main.py": code, **files}
     for name, content in entries.items():
         path = os.path.normpath(os.path.join(workdir, name))

@@ -104,6 +104,15 @@ def test_bad_arguments_raise():
         SandboxLimits(timeout_s=0)
     with pytest.raises(ValueError):
         SandboxLimits(memory_mb=-1)
+    # Fractions or bools would reach prlimit / mount and fail the sandbox's
+    # own setup (reported as the program's exit status), so they are refused.
+    for bad in ({"memory_mb": 0.5}, {"disk_mb": 1.5}, {"max_processes": True},
+                {"cpu_s": 0.5}, {"timeout_s": float("nan")}, {"max_output_bytes": "9"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SandboxLimits(**bad)
+    for name in ("main.py", "./main.py", "sub/../main.py"):
+        with pytest.raises(ValueError, match="main.py"):
+            run_python("print(1)", files={name: "print(2)"})
 
 
 def test_cannot_read_root_only_file(tmp_path):
