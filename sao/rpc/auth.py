@@ -59,9 +59,14 @@ def token_ok(metadata, expected: str) -> bool:
     return hmac.compare_digest(presented.encode(), expected.encode())
 
 
-def _abort_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _abort_handler(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` (unary for an unknown method)
+    that ends the call with UNAUTHENTICATED before reading anything else."""
     async def deny(request_or_iterator, context):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or invalid token")
+
+    if handler is None:
+        return grpc.unary_unary_rpc_method_handler(deny)
 
     if handler.request_streaming and handler.response_streaming:
         async def deny_stream(it, context):
@@ -88,8 +93,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or token_ok(handler_call_details.invocation_metadata, self._token):
+        if token_ok(handler_call_details.invocation_metadata, self._token):
             return handler
+        # Unknown methods are refused the same way, so a caller without the
+        # token cannot probe which methods exist (UNIMPLEMENTED would tell).
         return _abort_handler(handler)
 
 

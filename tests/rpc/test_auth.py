@@ -59,6 +59,20 @@ def test_missing_or_wrong_token_is_unauthenticated(worker, metadata):
     assert worker.engine.version == 0  # the rejected UpdateWeights did nothing
 
 
+def test_unknown_method_without_token_is_unauthenticated(worker):
+    # Without the token a caller cannot tell unknown methods from real ones.
+    with grpc.insecure_channel(worker.address) as ch:
+        probe = ch.unary_unary("/sao.rpc.RolloutWorker/NoSuchMethod",
+                               request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        with pytest.raises(grpc.RpcError) as e:
+            probe(b"", timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        md = auth.call_metadata(auth.Security(token=TOKEN))
+        with pytest.raises(grpc.RpcError) as e:
+            probe(b"", metadata=md, timeout=10)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
 def test_right_token_is_served(worker):
     md = auth.call_metadata(auth.Security(token=TOKEN))
     with grpc.insecure_channel(worker.address) as ch:
