@@ -29,9 +29,11 @@ learner restart (the prompt iterator's own position is the caller's to save).
 
 Unusable workers: one that rejects the credentials (``UNAUTHENTICATED`` /
 ``PERMISSION_DENIED``) is logged and never retried; one that holds weights
-newer than ``initial_version`` while nothing was published is logged and
-retried (``push_weights`` brings it back). When every worker is unusable,
-``get_batch`` raises ``FleetError`` instead of blocking.
+newer than the learner's version (a worker left over from a run that got
+further; engines refuse to load older weights) is logged and retried on each
+reconnect, and serves again once the learner's published version reaches
+its own. When every worker is unusable, ``get_batch`` raises ``FleetError``
+instead of blocking.
 """
 from __future__ import annotations
 
@@ -178,7 +180,7 @@ class Dispatcher:
         source is exhausted and nothing is left in flight. Raises TimeoutError
         after ``timeout`` seconds without a full batch, and ``FleetError`` when
         no worker is live and every worker is unusable (rejected credentials,
-        weights newer than the learner with nothing published)."""
+        weights newer than the learner's)."""
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         B = self.config.batch_size
@@ -210,6 +212,11 @@ class Dispatcher:
             if version < self._version:
                 raise ValueError(f"version {version} < learner version {self._version}")
             self._version, self._weights = int(version), (int(version), str(uri))
+            for address in list(self._unusable):  # caught up with a worker that was ahead:
+                if (address not in self._rejected  # it rejoins on its next reconnect
+                        and self.metrics.worker(address).version <= self._version):
+                    del self._unusable[address]
+                    self.metrics.worker(address).problem = ""
             links = list(self._live)
         results: dict[str, object] = {}
         try:
@@ -304,11 +311,14 @@ class Dispatcher:
         with self._cv:
             stats = self.metrics.worker(link.address)
             reason = None
-            if self._weights is None and worker_version > self._version:
+            if worker_version > self._version:
+                # Engines refuse to load older weights, so neither the latest
+                # publish nor a sync can bring it back; it is retried on every
+                # reconnect and serves again once the learner catches up.
                 reason = (f"worker holds weights version {worker_version}, newer than the learner "
-                          f"version {self._version}, and no weights were published to bring it "
-                          "in line: every trajectory would be a future_version drop (set "
-                          "DispatcherConfig.initial_version to the learner's version)")
+                          f"version {self._version} (engines refuse older weights): every "
+                          "trajectory would be a future_version drop; restart the worker, or "
+                          "set DispatcherConfig.initial_version to the learner's version")
             if reason is None:
                 if link.address not in self._rejected:
                     self._unusable.pop(link.address, None)

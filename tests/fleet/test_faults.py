@@ -248,3 +248,20 @@ def test_fresh_dispatcher_behind_worker_version_raises_then_initial_version_fixe
         with Dispatcher([w.address], prompts(4), ok) as d:
             assert len(d.get_batch(timeout=30)) == 2
             assert d.snapshot()["drops"] == {}
+
+
+def test_worker_ahead_of_published_weights_is_unusable_until_the_learner_catches_up():
+    cfg = DispatcherConfig(batch_size=2, vocab_size=VOCAB, reconnect_s=0.05)
+    with sim_worker() as w:
+        with Dispatcher([w.address], [], cfg) as first:  # a previous run got to v3
+            wait_until(lambda: first.snapshot()["workers"][w.address]["live"])
+            assert first.push_weights(3, "w3") == {w.address: 3}
+        with Dispatcher([w.address], prompts(6), cfg) as d:  # this learner publishes v1
+            d.push_weights(1, "w1")  # the engine refuses to go back to v1
+            with pytest.raises(FleetError, match="version 3"):
+                d.get_batch(timeout=30)
+            assert "newer than the learner version 1" in d.snapshot()["workers"][w.address]["problem"]
+            d.push_weights(3, "w3b")  # the learner catches up: served again
+            assert len(d.get_batch(timeout=30)) == 2
+            assert d.snapshot()["workers"][w.address]["problem"] == ""
+            assert w.engine.version == 3
