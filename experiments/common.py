@@ -133,6 +133,8 @@ def base() -> ml_collections.ConfigDict:
     e.tool_memory_mb = 1024               # sandbox address space per call
     e.max_observation_chars = 2000        # tool output shown to the policy
     e.drift_schedule = ()                 # online env: learner steps where the rewarded style switches
+    e.drift_recovery_fraction = 0.9       # summary: reward fraction (of the pre-switch level) that counts as adapted
+    e.drift_recovery_window = 3           # summary: policy versions averaged before/after a switch
 
     # --- data ----------------------------------------------------------------
     c.data = d = ml_collections.ConfigDict()

@@ -267,11 +267,22 @@ class _LearnerContext:
         fleet = dispatcher.snapshot()                      # cumulative over resumes (saved with the fleet state)
         after = self.evaluate(states, steps_done)
         self.writer.write(steps_done, after)
-        return {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
-                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
-                "steps": steps_done, "trajectories": fleet["trained"],
-                "dropped": fleet["dropped"], "eval_prompts": len(self.heldout),
-                "policy_version": states.policy_version}
+        summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
+                   "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
+                   "steps": steps_done, "trajectories": fleet["trained"],
+                   "dropped": fleet["dropped"], "eval_prompts": len(self.heldout),
+                   "policy_version": states.policy_version}
+        if cfg.env.get("drift_schedule"):                  # online env: adaptation per switch
+            from sao import metrics
+            from sao.envs.drift import drift_summary
+            rl = [r for r in metrics.read_metrics(self.workdir) if r["phase"] == "rl"]
+            summary["drift"] = drift_summary(
+                rl, tuple(cfg.env.drift_schedule),
+                recovery_fraction=cfg.env.get("drift_recovery_fraction", 0.9),
+                window=cfg.env.get("drift_recovery_window", 3))
+            self.log(f"drift: adaptation lag per switch {summary['drift']['adaptation_lag']} "
+                     f"(policy versions), reward per phase {summary['drift']['phase_reward']}")
+        return summary
 
     def sft(self, policy) -> None:
         from sao import sft

@@ -4,6 +4,7 @@ A tiny run (short SFT so the policy answers, one rollout worker) whose style
 schedule switches at policy version 1: the ``env/...`` metrics, read from the
 trajectories' drift metadata, show phase 0 ("bare") first and phase 1 after.
 """
+import json
 import os
 import subprocess
 import sys
@@ -46,3 +47,9 @@ def test_online_drift_cpu_switches_style(tmp_path):
   assert drift[3]["env/phase_mean"] == 1.0 and drift[3]["env/learner_step"] >= 1
   for r in drift.values():
     assert 0.0 <= r["env/quality"] <= 1.0 and 0.0 <= r["env/style_ok"] <= 1.0
+  # The summary reports the adaptation per switch (None: not recovered in 3 steps).
+  with open(os.path.join(tmp_path, metrics.SUMMARY_FILE)) as f:
+    summary = json.load(f)
+  assert summary["drift"]["switch_steps"] == [1]
+  assert len(summary["drift"]["adaptation_lag"]) == 1
+  assert set(summary["drift"]["phase_reward"]) <= {"0", "1"}

@@ -14,6 +14,8 @@ is judged (read from ``clock``), not when the episode started.
 """
 from __future__ import annotations
 
+import bisect
+
 import dataclasses
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -180,3 +182,48 @@ def phase_rewards(info_log: Sequence[Mapping[str, Any]]) -> dict[int, float]:
             by_phase.setdefault(int(info["phase"]), []).append(
                 float(info["quality"]) * float(info["style_ok"]))
     return {p: float(np.mean(v)) for p, v in sorted(by_phase.items())}
+
+
+def drift_summary(records: Sequence[Mapping[str, Any]], switch_steps: Sequence[int], *,
+                  recovery_fraction: float = 0.9, window: int = 3) -> dict[str, Any]:
+    """Adaptation after each style switch, from a run's per-step metrics.
+
+    The clock is the policy version the judged episodes were sampled at
+    (``env/learner_step``, the drift env's own clock); steps that trained on
+    several batches of one version are averaged. For switch ``s`` the level
+    to recover is ``recovery_fraction`` times the mean ``rollout/reward`` of
+    the last ``window`` versions before ``s``, and the lag is
+    :func:`adaptation_lag` at that level (None: not recovered before the next
+    switch or the end of the run, or no reward logged before the switch).
+
+    Args:
+      records: per-step metric dicts of the RL phase (``sao.metrics.read_metrics``).
+      switch_steps: the schedule's switch versions (``env.drift_schedule``).
+      recovery_fraction: fraction of the pre-switch reward that counts as recovered.
+      window: versions averaged before a switch and by ``adaptation_lag``.
+
+    Returns:
+      ``{"switch_steps", "levels", "adaptation_lag", "phase_reward"}`` where
+      ``phase_reward`` is the mean reward per phase index (JSON-able).
+    """
+    by_version: dict[int, list[float]] = {}
+    for rec in records:
+        if "env/learner_step" in rec and "rollout/reward" in rec:
+            by_version.setdefault(int(rec["env/learner_step"]), []).append(
+                float(rec["rollout/reward"]))
+    versions = sorted(by_version)
+    rewards = [float(np.mean(by_version[v])) for v in versions]
+    switches = [int(s) for s in switch_steps]
+    levels: list[float | None] = []
+    lags: list[int | None] = []
+    for i, s in enumerate(switches):
+        before = [r for v, r in zip(versions, rewards) if v < s][-window:]
+        level = recovery_fraction * float(np.mean(before)) if before else None
+        levels.append(level)
+        lags.append(None if level is None else adaptation_lag(
+            versions, rewards, switches, level=level, window=window)[i])
+    phases: dict[int, list[float]] = {}
+    for v, r in zip(versions, rewards):
+        phases.setdefault(bisect.bisect_right(switches, v), []).append(r)
+    return {"switch_steps": switches, "levels": levels, "adaptation_lag": lags,
+            "phase_reward": {str(p): float(np.mean(v)) for p, v in sorted(phases.items())}}

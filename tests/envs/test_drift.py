@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sao.envs.base import Task, make_prompt
-from sao.envs.drift import DriftEnv, DriftSchedule, LearnerClock, adaptation_lag, phase_rewards
+from sao.envs.drift import (DriftEnv, DriftSchedule, LearnerClock, adaptation_lag,
+                            drift_summary, phase_rewards)
 from sao.envs.judges import JudgeError, OpenAIJudge, RuleJudge, Verdict, parse_verdict
 
 
@@ -77,6 +78,24 @@ def test_adaptation_lag_hand_computed():
         adaptation_lag([0, 0], [1, 1], [1], level=0.5)
     with pytest.raises(ValueError):
         adaptation_lag([0, 1], [1], [1], level=0.5)
+
+
+def test_drift_summary_from_run_records():
+    # Versions 0-3 at reward 1.0, the style switches at 4: reward 0, then
+    # 0.5 and 0.95 (recovered at version 6 with window 1: 0.9 * 1.0 <= 0.95).
+    # Versions 5 and 6 each trained twice (async batches): averaged.
+    rewards = {0: [1.0], 1: [1.0], 2: [1.0], 3: [1.0], 4: [0.0], 5: [0.4, 0.6], 6: [0.9, 1.0]}
+    records = [{"step": i, "env/learner_step": v, "rollout/reward": r}
+               for i, (v, r) in enumerate((v, r) for v, rs in rewards.items() for r in rs)]
+    records.append({"step": 99, "rollout/reward": 0.0})  # no drift metadata: ignored
+    out = drift_summary(records, [4], recovery_fraction=0.9, window=1)
+    assert out["switch_steps"] == [4] and out["levels"] == [pytest.approx(0.9)]
+    assert out["adaptation_lag"] == [2]
+    assert out["phase_reward"] == {"0": 1.0, "1": pytest.approx((0.0 + 0.5 + 0.95) / 3)}
+    # window 2: mean(0.5, 0.95) = 0.725 < 0.9: not recovered by the end of the run.
+    assert drift_summary(records, [4], window=2)["adaptation_lag"] == [None]
+    # A switch before any logged reward has no level to recover.
+    assert drift_summary(records[4:], [2, 4])["levels"][0] is None
 
 
 class _FakeJudge(http.server.BaseHTTPRequestHandler):
