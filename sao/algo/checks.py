@@ -21,7 +21,10 @@ def concrete(x) -> np.ndarray | None:
 
 def check_range(name: str, x, *, low: float | None = None, high: float | None = None,
                 low_inclusive: bool = True, high_inclusive: bool = True) -> None:
-    """Raises ValueError unless every entry of a concrete ``x`` is finite and in range.
+    """Raises ValueError unless every entry of a concrete ``x`` is a finite real in range.
+
+    Booleans, complex numbers, strings and values too large for float64 are
+    refused with a ValueError naming ``name`` too.
 
     Args:
       name: argument name for the message.
@@ -29,8 +32,17 @@ def check_range(name: str, x, *, low: float | None = None, high: float | None = 
       low, high: bounds (None: unbounded on that side).
       low_inclusive, high_inclusive: whether each bound itself is allowed.
     """
-    arr = concrete(x)
-    if arr is None or arr.size == 0:
+    if isinstance(x, jax.core.Tracer):
+        return
+    if isinstance(x, (bool, np.bool_)) or np.asarray(x).dtype == np.bool_:
+        raise ValueError(f"{name} must be a number, got the boolean {x!r}")
+    if isinstance(x, (str, bytes)):
+        raise ValueError(f"{name} must be a real number or array of them, got {x!r}")
+    try:
+        arr = concrete(x)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{name} must be a real number or array of them, got {x!r}") from e
+    if arr.size == 0:
         return
     ok = np.all(np.isfinite(arr))
     if ok and low is not None:

@@ -28,13 +28,14 @@ GROUP = 8  # blocks per iteration of its loop over block boundaries
 Coefficients = Callable[[int], tuple[Array, Array]]
 
 
-def to_blocks(x: Array, fill, block: int = BLOCK, group: int = GROUP) -> Array:
-    """``[B, T]`` -> ``[B, n, block]``, padding T with ``fill`` to a multiple of block*group.
+def to_blocks(x: Array, fill, block: int = BLOCK) -> Array:
+    """``[B, T]`` -> ``[B, n, block]``, n = ceil(T / block), padding T with ``fill``.
 
     Padding positions must be identity maps of the recurrence (a=1, b=0) in
-    the caller's coefficients, so they leave ``x_end`` unchanged.
+    the caller's coefficients, so they leave ``x_end`` unchanged. Lengths
+    that are a multiple of ``block`` need no padding (no copy).
     """
-    pad = -x.shape[1] % (block * group)
+    pad = -x.shape[1] % block
     if pad:
         x = jnp.pad(x, ((0, 0), (0, pad)), constant_values=fill)
     return x.reshape(x.shape[0], -1, block)
@@ -42,32 +43,49 @@ def to_blocks(x: Array, fill, block: int = BLOCK, group: int = GROUP) -> Array:
 
 def from_blocks(x: Array, length: int) -> Array:
     """``[B, n, block]`` -> ``[B, length]`` (drops the padding of :func:`to_blocks`)."""
-    return x.reshape(x.shape[0], -1)[:, :length]
+    x = x.reshape(x.shape[0], -1)
+    return x if x.shape[1] == length else x[:, :length]
+
+
+def _typed_like(x: Array, data: Array) -> Array:
+    """``x``, typed like ``data``: inside ``shard_map`` a loop carry that starts
+    from a constant (a default bootstrap of zeros) is not "varying" across
+    devices while the loop's output is, and the loop is rejected; selecting
+    against ``data`` gives it data's type. XLA folds the select away."""
+    return jnp.where(True, x, data)
 
 
 def _carry_over_blocks(block_a: Array, block_b: Array, x_end: Array, group: int) -> Array:
     """x after each block, ``after[:, i] = x_{start of block i+1}``: f32[B, n].
 
-    A reverse ``fori_loop`` over groups of ``group`` blocks: each iteration
+    A reverse ``fori_loop`` (static bounds: it lowers to a scan, so reverse-mode
+    differentiation works) over groups of ``group`` blocks: each iteration
     slices a [B, group] tile of the block maps and writes the ``group`` carried
-    values back in place, so the loop runs n/group times and nothing is
-    transposed.
+    values back in place, so the loop runs ceil(n/group) times and nothing is
+    transposed. The maps are padded with identities to whole groups.
     """
     batch, num_blocks = block_a.shape
+    pad = -num_blocks % group
     maps = jnp.stack([block_a, block_b])  # one dynamic slice per iteration, not two
+    if pad:
+        maps = jnp.concatenate([maps, jnp.stack([jnp.ones((batch, pad), maps.dtype),
+                                                 jnp.zeros((batch, pad), maps.dtype)])], axis=2)
+    steps = (num_blocks + pad) // group
 
-    def body(carry):
-        start, x, after = carry
-        start = start - group
-        tile = jax.lax.dynamic_slice(maps, (0, 0, start), (2, batch, group))
+    def body(i, carry):
+        x, after = carry
+        start = (steps - 1 - i) * group
+        zero = jnp.zeros_like(start)  # index dtypes must agree (int64 under x64)
+        tile = jax.lax.dynamic_slice(maps, (zero, zero, start), (2, batch, group))
         out = [None] * group
         for k in range(group - 1, -1, -1):
             out[k] = x
             x = tile[0, :, k] * x + tile[1, :, k]
-        return start, x, jax.lax.dynamic_update_slice(after, jnp.stack(out, axis=1), (0, start))
+        return x, jax.lax.dynamic_update_slice(after, jnp.stack(out, axis=1), (zero, start))
 
-    init = (jnp.int32(num_blocks), x_end[:, 0], jnp.zeros_like(block_a))
-    return jax.lax.while_loop(lambda c: c[0] > 0, body, init)[2]
+    x0 = _typed_like(x_end[:, 0], maps[1, :, 0])
+    after = jax.lax.fori_loop(0, steps, body, (x0, jnp.zeros_like(maps[0])))[1]
+    return after if not pad else after[:, :num_blocks]
 
 
 def solve_blocked(coeff: Coefficients, x_end: Array, block: int = BLOCK,
@@ -77,8 +95,7 @@ def solve_blocked(coeff: Coefficients, x_end: Array, block: int = BLOCK,
     Args:
       coeff: ``coeff(j) -> (a_j, b_j)``, both f32[B, n]: the coefficients at
         offset ``j`` in [0, block) of each of the n blocks (``a[:, :, j]`` of
-        the ``[B, n, block]`` layout of :func:`to_blocks`); n must be a
-        multiple of ``group``.
+        the ``[B, n, block]`` layout of :func:`to_blocks`), any n >= 1.
       x_end: f32[B, 1], the value after the last position.
 
     Returns:
@@ -133,5 +150,6 @@ def solve_scan(a: Array, b: Array, x_end: Array, unroll: int = 16) -> Array:
     def step(x_next, ab):
         return ab[0] * x_next + ab[1], x_next
 
-    _, x_next = jax.lax.scan(step, x_end[:, 0], (a.T, b.T), reverse=True, unroll=unroll)
+    x0 = _typed_like(x_end[:, 0], b[:, -1])
+    _, x_next = jax.lax.scan(step, x0, (a.T, b.T), reverse=True, unroll=unroll)
     return x_next.T

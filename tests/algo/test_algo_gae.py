@@ -237,3 +237,7 @@ def test_gae_empty_batch_and_lam_range_checked():
         _gae(x, x, x.astype(bool), gamma=1.0, lam=_np.array([0.5, 2.0], _np.float32))
     with pytest.raises(ValueError, match="gamma"):
         _gae(x, x, x.astype(bool), gamma=_np.float32(-1.0), lam=0.5)
+    # Booleans, strings, complex and overflowing numbers name the argument too.
+    for bad in (True, "0.5", 0.5 + 1j, 10**400):
+        with pytest.raises(ValueError, match="lam"):
+            _gae(x, x, x.astype(bool), gamma=1.0, lam=bad)

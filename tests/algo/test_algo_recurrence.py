@@ -35,14 +35,14 @@ def random_coefficients(rng, batch, length):
 @functools.partial(jax.jit, static_argnames=("block", "group"))
 def blocked_next(a, b, x_end, block, group):
     length = a.shape[1]
-    a3 = recurrence.to_blocks(a, 1.0, block, group)
-    b3 = recurrence.to_blocks(b, 0.0, block, group)
+    a3 = recurrence.to_blocks(a, 1.0, block)
+    b3 = recurrence.to_blocks(b, 0.0, block)
     x3 = recurrence.solve_blocked(lambda j: (a3[:, :, j], b3[:, :, j]), x_end, block, group)
     return recurrence.from_blocks(x3, length)
 
 
-@pytest.mark.parametrize("length", [1, 7, 64, 97, 300])
-@pytest.mark.parametrize("block,group", [(8, 8), (4, 2), (16, 4), (1, 1)])
+@pytest.mark.parametrize("length", [1, 7, 64, 80, 97, 300])  # 80: 10 blocks, not whole groups
+@pytest.mark.parametrize("block,group", [(8, 8), (4, 2), (16, 4), (1, 1), (8, 3)])
 def test_blocked_matches_loop(length, block, group):
     rng = np.random.default_rng(length * 31 + block)
     a, b, x_end = random_coefficients(rng, 5, length)
@@ -69,9 +69,10 @@ def test_hand_computed_blocked():
 
 def test_to_blocks_pads_with_fill_and_from_blocks_drops_it():
     x = jnp.arange(10.0).reshape(1, 10)
-    blocks = recurrence.to_blocks(x, -1.0, block=4, group=2)  # pad 10 -> 16 = 2 groups of 2x4
-    assert blocks.shape == (1, 4, 4)
+    blocks = recurrence.to_blocks(x, -1.0, block=4)  # pad 10 -> 12 = 3 blocks of 4
+    assert blocks.shape == (1, 3, 4)
     np.testing.assert_array_equal(blocks.reshape(-1)[10:], -1.0)
+    assert recurrence.to_blocks(jnp.zeros((2, 16)), 0.0, block=8).shape == (2, 2, 8)
     np.testing.assert_array_equal(recurrence.from_blocks(blocks, 10), x)
 
 
@@ -145,3 +146,58 @@ def test_gae_under_vmap_matches_unbatched():
         single = gae(r[i], v[i], m[i], gamma=0.9, lam=0.8)
         np.testing.assert_allclose(batched[0][i], single[0], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(batched[1][i], single[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["chunked", "associative", "scan"])
+def test_reverse_mode_gradients_through_gae_and_relocation(method):
+    # The blocked solver's loop has static bounds (a scan), so jax.grad works
+    # and agrees with the plain reverse scan.
+    rng = np.random.default_rng(4)
+    r = rng.normal(size=(3, 37)).astype(np.float32)
+    v = rng.normal(size=(3, 37)).astype(np.float32)
+    m = rng.random((3, 37)) < 0.5
+
+    def loss(v, lam):
+        adv, ret = gae(r, v, m, gamma=0.97, lam=lam, method=method)
+        return jnp.sum(adv ** 2) + jnp.sum(ret)
+
+    grads = jax.grad(loss, argnums=(0, 1))(v, 0.9)
+    ref = jax.grad(loss_scan := (lambda v, lam: jnp.sum(
+        gae(r, v, m, gamma=0.97, lam=lam, method="scan")[0] ** 2)
+        + jnp.sum(gae(r, v, m, gamma=0.97, lam=lam, method="scan")[1])), argnums=(0, 1))(v, 0.9)
+    del loss_scan
+    np.testing.assert_allclose(grads[0], ref[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(grads[1], ref[1], rtol=1e-4, atol=1e-4)
+    moved_grad = jax.grad(lambda r: relocate_rewards(r, m)[0].sum())(r)
+    np.testing.assert_array_equal(moved_grad, (np.cumsum(m, axis=1) > 0).astype(np.float32))
+
+
+def test_gae_and_relocation_under_x64():
+    rng = np.random.default_rng(5)
+    r, v = rng.normal(size=(2, 70)), rng.normal(size=(2, 70))
+    m = rng.random((2, 70)) < 0.5
+    with jax.enable_x64(True):
+        adv, _ = gae(r, v, m, gamma=0.9, lam=0.8)
+        moved, _ = relocate_rewards(r, m)
+    ref_adv, _ = gae(r.astype(np.float32), v.astype(np.float32), m, gamma=0.9, lam=0.8)
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+    assert moved.shape == r.shape
+
+
+def test_gae_inside_shard_map_without_bootstrap():
+    from jax.sharding import PartitionSpec as P
+    devices = np.array(jax.devices()[:2])
+    if len(devices) < 2:
+        pytest.skip("needs 2 devices (tests/conftest.py sets 8 CPU devices)")
+    mesh = jax.sharding.Mesh(devices, ("b",))
+    rng = np.random.default_rng(6)
+    r, v = rng.normal(size=(4, 40)).astype(np.float32), rng.normal(size=(4, 40)).astype(np.float32)
+    m = rng.random((4, 40)) < 0.5
+    for method in ("chunked", "associative", "scan"):
+        fn = jax.jit(jax.shard_map(lambda r, v, m: gae(r, v, m, gamma=0.99, lam=0.95,
+                                                       method=method),
+                                   mesh=mesh, in_specs=P("b", None), out_specs=P("b", None)))
+        adv, ret = fn(r, v, m)
+        ref_adv, ref_ret = gae(r, v, m, gamma=0.99, lam=0.95, method=method)
+        np.testing.assert_allclose(adv, ref_adv, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ret, ref_ret, rtol=1e-6, atol=1e-6)
