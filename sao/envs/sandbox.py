@@ -53,7 +53,9 @@ from typing import Mapping
 # without handlers). Positional args: src uid nproc as_bytes cpu_s fsize_bytes
 # nofile disk_mb python keep. ``keep`` (may be empty) is a host directory under
 # /tmp (the interpreter's environment when it lives there, e.g. a clone in
-# /tmp) that stays visible, read-only, at the same path in the sandbox's /tmp.
+# /tmp), mounted read-only at /run/sao-python (``python`` is then the path
+# inside it; see _python_inside). /var/tmp, /dev/shm, /run and /dev/mqueue get
+# small tmpfs mounts made read-only once that mount point exists.
 _INIT_SCRIPT = r"""
 set -e
 src=$1 uid=$2 nproc=$3 as=$4 cpu=$5 fsize=$6 nofile=$7 disk=$8 py=$9 keep=${10}
@@ -61,18 +63,20 @@ mount -n --make-rprivate /
 mount -n --rbind / /
 mount -n -o remount,bind,ro /
 mount -n -t proc -o nosuid,nodev,noexec proc /proc
+if [ -d /run ]; then mount -n -t tmpfs -o size=4k,mode=0755 tmpfs /run; fi
+if [ -n "$keep" ]; then
+  mkdir /run/sao-python
+  mount -n --rbind "$keep" /run/sao-python
+  mount -n -o remount,bind,ro /run/sao-python
+fi
 mount -n -t tmpfs -o size=${disk}m,mode=0700,uid=$uid,gid=$uid,nosuid,nodev tmpfs /var/tmp
 cp -R "$src"/. /var/tmp/
 chown -R "$uid:$uid" /var/tmp
-if [ -n "$keep" ]; then
-  mkdir -p "/var/tmp${keep#/tmp}"
-  mount -n --rbind "$keep" "/var/tmp${keep#/tmp}"
-  mount -n -o remount,bind,ro "/var/tmp${keep#/tmp}"
-fi
 mount -n --move /var/tmp /tmp
-for d in /var/tmp /dev/shm /run /dev/mqueue; do
+for d in /var/tmp /dev/shm /dev/mqueue; do
   if [ -d "$d" ]; then mount -n -t tmpfs -o ro,size=4k,mode=0755 tmpfs "$d"; fi
 done
+if [ -d /run ]; then mount -n -o remount,ro /run; fi
 cd /tmp
 set +e
 prlimit --nproc=$nproc --as=$as --cpu=$cpu --fsize=$fsize --nofile=$nofile --core=0 -- \
@@ -251,8 +255,31 @@ def _command(workdir: str, uid: int, limits: SandboxLimits, python: str) -> list
         workdir, str(uid), str(limits.max_processes),
         str(limits.memory_mb * 1024 * 1024), str(limits.cpu_limit_s),
         str(limits.max_file_mb * 1024 * 1024), str(limits.max_open_files),
-        str(limits.disk_mb), python, _kept_dir(python),
+        str(limits.disk_mb), *_python_inside(python),
     ]
+
+
+# Where an interpreter that lives under /tmp is mounted inside the sandbox
+# (whose /tmp is the program's private working directory).
+_KEPT_MOUNT = "/run/sao-python"
+
+
+def _python_inside(python: str) -> tuple[str, str]:
+    """``(interpreter path inside the sandbox, host directory to mount or '')``.
+
+    An interpreter under /tmp (a clone's ``.venv``) would be hidden by the
+    sandbox's own /tmp; its environment is mounted read-only at
+    ``_KEPT_MOUNT`` instead (outside the working directory, so the program
+    sees only its own files there) and run from that path: a venv finds its
+    ``pyvenv.cfg`` next to the invoked executable, not the resolved one.
+    """
+    keep = _kept_dir(python)
+    if not keep:
+        return python, ""
+    exe = os.path.abspath(python)
+    if not exe.startswith(keep + os.sep):
+        exe = os.path.realpath(exe)
+    return _KEPT_MOUNT + exe[len(keep):], keep
 
 
 def _kept_dir(python: str) -> str:

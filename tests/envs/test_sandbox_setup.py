@@ -28,12 +28,14 @@ def test_interpreter_in_a_venv_under_tmp(tmp_path):
     base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
     (tmp_path / "secret.txt").write_text("host /tmp file")
-    code = ("import os, sys; print(sys.prefix); "
-            "print(os.path.exists(%r)); open(%r, 'w')" % (str(tmp_path / "secret.txt"),
-                                                         str(venv / "x")))
+    code = ("import os, sys; print(sys.prefix); print(os.path.exists(%r)); "
+            "print(sorted(os.listdir('.')), os.getcwd()); open(sys.prefix + '/x', 'w')"
+            % str(tmp_path / "secret.txt"))
     result = sandbox.run_python(code, timeout_s=20, python=str(venv / "bin" / "python"))
     lines = result.stdout.splitlines()
-    assert lines[:2] == [str(venv), "False"], result  # venv visible, rest of host /tmp hidden
+    # The venv runs from its read-only mount outside the working directory;
+    # the rest of the host /tmp is hidden and the program sees only its files.
+    assert lines[:3] == [sandbox._KEPT_MOUNT, "False", "['main.py'] /tmp"], result
     assert result.exit_code != 0 and "Errno" in result.stderr  # the kept venv is read-only
 
 
