@@ -15,7 +15,6 @@ is judged (read from ``clock``), not when the episode started.
 from __future__ import annotations
 
 import bisect
-
 import dataclasses
 import threading
 from typing import Any, Callable, Mapping, Sequence

@@ -129,6 +129,9 @@ class SandboxLimits:
     max_output_bytes: int = 16384
 
     def __post_init__(self):
+        def positive_int(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
         timeout = self.timeout_s
         if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
                 and math.isfinite(timeout) and timeout > 0):
@@ -138,10 +141,9 @@ class SandboxLimits:
         for name in ("memory_mb", "max_processes", "max_file_mb", "disk_mb",
                      "max_open_files", "max_output_bytes"):
             value = getattr(self, name)
-            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            if not positive_int(value):
                 raise ValueError(f"SandboxLimits.{name} must be a positive integer, got {value!r}")
-        if self.cpu_s is not None and not (isinstance(self.cpu_s, int)
-                                           and not isinstance(self.cpu_s, bool) and self.cpu_s > 0):
+        if self.cpu_s is not None and not positive_int(self.cpu_s):
             raise ValueError(f"SandboxLimits.cpu_s must be a positive integer or None, "
                              f"got {self.cpu_s!r}")
 
@@ -268,30 +270,17 @@ def _python_inside(python: str) -> tuple[str, str]:
     """``(interpreter path inside the sandbox, host directory to mount or '')``.
 
     An interpreter under /tmp (a clone's ``.venv``) would be hidden by the
-    sandbox's own /tmp; its environment is mounted read-only at
+    sandbox's own /tmp; its environment (a venv's root, or a plain
+    interpreter's installation prefix) is mounted read-only at
     ``_KEPT_MOUNT`` instead (outside the working directory, so the program
     sees only its own files there) and run from that path: a venv finds its
     ``pyvenv.cfg`` next to the invoked executable, not the resolved one.
     """
-    keep = _kept_dir(python)
-    if not keep:
-        return python, ""
-    exe = os.path.abspath(python)
-    if not exe.startswith(keep + os.sep):
-        exe = os.path.realpath(exe)
-    return _KEPT_MOUNT + exe[len(keep):], keep
-
-
-def _kept_dir(python: str) -> str:
-    """The interpreter's environment if it lives under /tmp (hidden otherwise
-    by the sandbox's own /tmp), else ''. A venv's ``bin/python`` keeps its
-    venv root; a plain interpreter keeps its installation prefix."""
-    exe = os.path.abspath(python)
-    root = os.path.dirname(os.path.dirname(exe))  # <prefix>/bin/python -> <prefix>
-    for path in (root, os.path.dirname(os.path.dirname(os.path.realpath(exe)))):
-        if path.startswith("/tmp/") and path.count("/") >= 2:
-            return path
-    return ""
+    for exe in (os.path.abspath(python), os.path.realpath(python)):
+        root = os.path.dirname(os.path.dirname(exe))  # <prefix>/bin/python -> <prefix>
+        if root.startswith("/tmp/"):
+            return _KEPT_MOUNT + exe[len(root):], root
+    return python, ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
