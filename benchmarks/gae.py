@@ -1,9 +1,10 @@
-"""Benchmark: skip-observation GAE, both implementations, in one run.
+"""Benchmark: skip-observation GAE, all three solvers, in one run.
 
     .venv/bin/python benchmarks/gae.py            # B=256, T=4096
     .venv/bin/python benchmarks/gae.py --batch 32 --length 512 --repeats 3
 
-Compares ``sao.algo.gae`` (``method="scan"`` and ``"associative"``) against
+Compares ``sao.algo.gae`` (``method="chunked"``, the default, ``"associative"``
+and ``"scan"``) against
 
 * the NumPy loop reference (reverse loop over tokens, one row at a time, in
   Python); it is timed on ``--loop_rows`` rows and scaled linearly to B rows;
