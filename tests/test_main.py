@@ -16,40 +16,40 @@ from sao import main as sao_main, metrics  # noqa: E402
 
 
 def test_config_argv_is_forwarded_to_workers():
-  argv = ["--config=experiments/x.py:cpu", "--config.run.steps=3", "--config.seed", "2",
-          "--workdir=w", "--role=all"]
-  assert sao_main._config_argv(argv) == ["--config=experiments/x.py:cpu", "--config.run.steps=3",
-                                         "--config.seed", "2"]
+    argv = ["--config=experiments/x.py:cpu", "--config.run.steps=3", "--config.seed", "2",
+            "--workdir=w", "--role=all"]
+    assert sao_main._config_argv(argv) == ["--config=experiments/x.py:cpu", "--config.run.steps=3",
+                                           "--config.seed", "2"]
 
 
 @pytest.mark.slow
 def test_tiny_run_end_to_end_and_resume():
-  workdir, proc = tiny_run()
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  summary = json.load(open(os.path.join(workdir, "summary.json")))
-  for key in ("accuracy_before", "accuracy_after", "tool_use_before", "tool_use_after",
-              "steps", "trajectories", "dropped", "wall_s"):
-    assert key in summary, key
-  assert summary["steps"] == 2 and summary["trajectories"] == 16
-  assert 0.0 <= summary["accuracy_after"] <= 1.0
-  assert "SAO run summary" in proc.stdout
-  recs = [r for r in metrics.read_metrics(workdir) if r["phase"] == "rl"]
-  steps = [r["step"] for r in recs]
-  assert steps == [0, 1, 2]                      # eval before RL, then one record per step
-  assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[1]
-  assert recs[2]["learner/policy_version"] >= 1  # warm-up 1, then an actor update
-  # Workers sample with the learner's weights (pushed before the first lease; their own random
-  # init differs): the first actor update sees ratios ~1, so DIS masks almost nothing.
-  assert recs[2]["actor/frac_masked_low"] + recs[2]["actor/frac_masked_high"] < 0.2
-  assert sum(recs[1]["batch/staleness_counts"]) > 0
-  assert os.path.exists(os.path.join(workdir, "sft", "result.json"))
-  for i in range(2):
-    assert os.path.exists(os.path.join(workdir, "workers", f"worker{i}.log"))
+    workdir, proc = tiny_run()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    for key in ("accuracy_before", "accuracy_after", "tool_use_before", "tool_use_after",
+                "steps", "trajectories", "dropped", "wall_s"):
+        assert key in summary, key
+    assert summary["steps"] == 2 and summary["trajectories"] == 16
+    assert 0.0 <= summary["accuracy_after"] <= 1.0
+    assert "SAO run summary" in proc.stdout
+    recs = [r for r in metrics.read_metrics(workdir) if r["phase"] == "rl"]
+    steps = [r["step"] for r in recs]
+    assert steps == [0, 1, 2]                      # eval before RL, then one record per step
+    assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[1]
+    assert recs[2]["learner/policy_version"] >= 1  # warm-up 1, then an actor update
+    # Workers sample with the learner's weights (pushed before the first lease; their own random
+    # init differs): the first actor update sees ratios ~1, so DIS masks almost nothing.
+    assert recs[2]["actor/frac_masked_low"] + recs[2]["actor/frac_masked_high"] < 0.2
+    assert sum(recs[1]["batch/staleness_counts"]) > 0
+    assert os.path.exists(os.path.join(workdir, "sft", "result.json"))
+    for i in range(2):
+        assert os.path.exists(os.path.join(workdir, "workers", f"worker{i}.log"))
 
-  # Rerun with one more step: SFT and the first eval come from the cache, RL resumes at step 2.
-  proc = run_main(workdir, 3)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "SFT loaded from cache" in proc.stdout and "resumed at step 2" in proc.stdout
-  summary = json.load(open(os.path.join(workdir, "summary.json")))
-  assert summary["steps"] == 3 and summary["trajectories"] == 24
-  assert [r["step"] for r in metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]
+    # Rerun with one more step: SFT and the first eval come from the cache, RL resumes at step 2.
+    proc = run_main(workdir, 3)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "SFT loaded from cache" in proc.stdout and "resumed at step 2" in proc.stdout
+    summary = json.load(open(os.path.join(workdir, "summary.json")))
+    assert summary["steps"] == 3 and summary["trajectories"] == 24
+    assert [r["step"] for r in metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]

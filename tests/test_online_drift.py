@@ -30,26 +30,26 @@ TINY = ["--config.sft.steps=40", "--config.sft.warmup_steps=5", "--config.sft.lr
 
 @pytest.mark.slow
 def test_online_drift_cpu_switches_style(tmp_path):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  argv = [sys.executable, "-m", "sao.main", "--config=experiments/online_drift.py:cpu",
-          f"--workdir={tmp_path}", *TINY]
-  proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  recs = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if r["phase"] == "rl"}
-  assert sorted(recs) == [0, 1, 2, 3]
-  drift = {s: r for s, r in recs.items() if "env/phase" in r}
-  assert drift, "no judged episode carried drift metadata"
-  # Step 1 trains on episodes sampled and judged at policy version 0: style phase 0.
-  if 1 in drift:
-    assert drift[1]["env/phase"] == 0 and drift[1]["env/learner_step"] == 0
-  # Step 3 (tau=1) only has episodes sampled at version >= 1: the style switched.
-  assert drift[3]["env/phase_mean"] == 1.0 and drift[3]["env/learner_step"] >= 1
-  for r in drift.values():
-    assert 0.0 <= r["env/quality"] <= 1.0 and 0.0 <= r["env/style_ok"] <= 1.0
-  # The summary reports the adaptation per switch (None: not recovered in 3 steps).
-  with open(os.path.join(tmp_path, metrics.SUMMARY_FILE)) as f:
-    summary = json.load(f)
-  assert summary["drift"]["switch_steps"] == [1]
-  assert len(summary["drift"]["adaptation_lag"]) == 1
-  assert set(summary["drift"]["phase_reward"]) <= {"0", "1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    argv = [sys.executable, "-m", "sao.main", "--config=experiments/online_drift.py:cpu",
+            f"--workdir={tmp_path}", *TINY]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if r["phase"] == "rl"}
+    assert sorted(recs) == [0, 1, 2, 3]
+    drift = {s: r for s, r in recs.items() if "env/phase" in r}
+    assert drift, "no judged episode carried drift metadata"
+    # Step 1 trains on episodes sampled and judged at policy version 0: style phase 0.
+    if 1 in drift:
+        assert drift[1]["env/phase"] == 0 and drift[1]["env/learner_step"] == 0
+    # Step 3 (tau=1) only has episodes sampled at version >= 1: the style switched.
+    assert drift[3]["env/phase_mean"] == 1.0 and drift[3]["env/learner_step"] >= 1
+    for r in drift.values():
+        assert 0.0 <= r["env/quality"] <= 1.0 and 0.0 <= r["env/style_ok"] <= 1.0
+    # The summary reports the adaptation per switch (None: not recovered in 3 steps).
+    with open(os.path.join(tmp_path, metrics.SUMMARY_FILE)) as f:
+        summary = json.load(f)
+    assert summary["drift"]["switch_steps"] == [1]
+    assert len(summary["drift"]["adaptation_lag"]) == 1
+    assert set(summary["drift"]["phase_reward"]) <= {"0", "1"}

@@ -22,84 +22,84 @@ CASES = [(name, variant) for name in FILES
 
 
 def test_every_paper_configuration_has_a_file():
-  expected = {"quickstart", "sao_math", "grpo_math", "grpo_dis_math", "sao_dis_only", "vapo_math",
-              "running_mean", "sao_k1", "sao_full_critic", "sao_coding", "online_drift"}
-  assert expected <= set(FILES)
+    expected = {"quickstart", "sao_math", "grpo_math", "grpo_dis_math", "sao_dis_only", "vapo_math",
+                "running_mean", "sao_k1", "sao_full_critic", "sao_coding", "online_drift"}
+    assert expected <= set(FILES)
 
 
 @pytest.mark.parametrize("name,variant", CASES)
 def test_config_loads_locked_and_valid(name, variant):
-  from sao.learner.config import LearnerConfig
-  from sao.run import learner_config
-  module = importlib.import_module(f"experiments.{name}")
-  assert "python -m sao.main --config=experiments/" + name in module.__doc__
-  cfg = module.get_config(variant)
-  assert isinstance(cfg, ml_collections.ConfigDict) and cfg.is_locked
-  with pytest.raises(AttributeError):
-    cfg.learner.not_a_field = 1
-  for group in ("model", "learner", "critic", "rollout", "env", "data", "eval", "checkpoint", "run"):
-    assert group in cfg, group
-  if variant.startswith("cpu") or name == "quickstart":
-    assert cfg.model.preset == "tiny" and cfg.rollout.engine == "jax"
-  else:
-    assert cfg.model.preset.startswith("qwen3") and cfg.rollout.engine == "sglang"
-  from sao.run import running_mean_baseline
-  lc = learner_config(cfg)
-  baseline = running_mean_baseline(cfg)
-  if cfg.learner.advantage_estimator == "running_mean":
-    # The driver computes the advantages (sao.learner.baselines); the learner gets them "given".
-    assert lc.advantage_estimator == "given" and not lc.uses_critic
-    assert baseline.window == cfg.learner.running_mean_window
-    assert baseline.scope == ("global" if name == "online_drift" else "prompt")
-  else:
-    assert baseline is None
-  assert isinstance(lc, LearnerConfig) and lc.batch_size == cfg.learner.batch_size
-  cfg.rollout.temperature = 0.6          # an override after get_config reaches the learner too
-  assert learner_config(cfg).temperature == 0.6
+    from sao.learner.config import LearnerConfig
+    from sao.run import learner_config
+    module = importlib.import_module(f"experiments.{name}")
+    assert "python -m sao.main --config=experiments/" + name in module.__doc__
+    cfg = module.get_config(variant)
+    assert isinstance(cfg, ml_collections.ConfigDict) and cfg.is_locked
+    with pytest.raises(AttributeError):
+        cfg.learner.not_a_field = 1
+    for group in ("model", "learner", "critic", "rollout", "env", "data", "eval", "checkpoint", "run"):
+        assert group in cfg, group
+    if variant.startswith("cpu") or name == "quickstart":
+        assert cfg.model.preset == "tiny" and cfg.rollout.engine == "jax"
+    else:
+        assert cfg.model.preset.startswith("qwen3") and cfg.rollout.engine == "sglang"
+    from sao.run import running_mean_baseline
+    lc = learner_config(cfg)
+    baseline = running_mean_baseline(cfg)
+    if cfg.learner.advantage_estimator == "running_mean":
+        # The driver computes the advantages (sao.learner.baselines); the learner gets them "given".
+        assert lc.advantage_estimator == "given" and not lc.uses_critic
+        assert baseline.window == cfg.learner.running_mean_window
+        assert baseline.scope == ("global" if name == "online_drift" else "prompt")
+    else:
+        assert baseline is None
+    assert isinstance(lc, LearnerConfig) and lc.batch_size == cfg.learner.batch_size
+    cfg.rollout.temperature = 0.6          # an override after get_config reaches the learner too
+    assert learner_config(cfg).temperature == 0.6
 
 
 def test_paper_values():
-  from experiments import sao_math, grpo_math, sao_coding, sao_k1, sao_full_critic
-  c = sao_math.get_config()
-  assert (c.learner.eps_low, c.learner.eps_high, c.critic.critic_steps) == (0.3, 5.0, 2)
-  assert (c.critic.critic_warmup_steps, c.learner.alpha, c.critic.lam_critic) == (10, 1.5, 1.0)
-  assert (c.learner.batch_size, c.learner.actor_lr, c.critic.critic_lr) == (128, 1e-6, 5e-6)
-  assert c.critic.critic_freeze_regex == common.ATTENTION_REGEX
-  g = grpo_math.get_config()
-  assert (g.learner.batch_size // g.rollout.group_size, g.rollout.group_size) == (16, 8)
-  assert (g.learner.eps_low, g.learner.eps_high) == (0.2, 0.28)
-  assert (sao_coding.get_config().learner.eps_low, sao_coding.get_config().learner.eps_high) == (0.8, 3.0)
-  assert sao_k1.get_config().critic.critic_steps == 1
-  assert sao_full_critic.get_config().critic.critic_freeze_regex == ""
+    from experiments import sao_math, grpo_math, sao_coding, sao_k1, sao_full_critic
+    c = sao_math.get_config()
+    assert (c.learner.eps_low, c.learner.eps_high, c.critic.critic_steps) == (0.3, 5.0, 2)
+    assert (c.critic.critic_warmup_steps, c.learner.alpha, c.critic.lam_critic) == (10, 1.5, 1.0)
+    assert (c.learner.batch_size, c.learner.actor_lr, c.critic.critic_lr) == (128, 1e-6, 5e-6)
+    assert c.critic.critic_freeze_regex == common.ATTENTION_REGEX
+    g = grpo_math.get_config()
+    assert (g.learner.batch_size // g.rollout.group_size, g.rollout.group_size) == (16, 8)
+    assert (g.learner.eps_low, g.learner.eps_high) == (0.2, 0.28)
+    assert (sao_coding.get_config().learner.eps_low, sao_coding.get_config().learner.eps_high) == (0.8, 3.0)
+    assert sao_k1.get_config().critic.critic_steps == 1
+    assert sao_full_critic.get_config().critic.critic_freeze_regex == ""
 
 
 def test_unknown_variant_and_override():
-  from experiments import sao_math
-  with pytest.raises(ValueError, match="unknown variant"):
-    sao_math.get_config("gpu9000")
-  cfg = sao_math.get_config("cpu")
-  cfg.run.steps = 3          # locked configs still accept overrides of existing fields
-  assert cfg.run.steps == 3
+    from experiments import sao_math
+    with pytest.raises(ValueError, match="unknown variant"):
+        sao_math.get_config("gpu9000")
+    cfg = sao_math.get_config("cpu")
+    cfg.run.steps = 3          # locked configs still accept overrides of existing fields
+    assert cfg.run.steps == 3
 
 
 @pytest.mark.parametrize("preset", sorted({common.FULL_SCALE[v]["preset"] for v in common.FULL_SCALE}))
 def test_full_scale_models_shape_only(preset):
-  import jax
-  from flax import nnx
-  from sao.models import Transformer, get_preset
-  cfg = get_preset(preset)
-  abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-  n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-  expected = {"qwen3-30b-a3b": 30.5e9, "qwen3-8b": 8.2e9, "qwen3-1.7b": 1.72e9}[preset]
-  assert abs(n - expected) / expected < 0.03, (preset, n)
+    import jax
+    from flax import nnx
+    from sao.models import Transformer, get_preset
+    cfg = get_preset(preset)
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    n = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    expected = {"qwen3-30b-a3b": 30.5e9, "qwen3-8b": 8.2e9, "qwen3-1.7b": 1.72e9}[preset]
+    assert abs(n - expected) / expected < 0.03, (preset, n)
 
 
 def test_coding_tasks_grade_with_the_configured_sandbox_limits():
-  from experiments import sao_coding
-  from sao.build import make_tasks
-  for variant in ("cpu", "qwen3_8b"):
-    cfg = sao_coding.get_config(variant)
-    task = make_tasks(cfg)["humaneval"]
-    assert task.limits.timeout_s == cfg.env.tool_timeout_s
-    assert task.limits.memory_mb == cfg.env.tool_memory_mb
-  assert cfg.env.tool_timeout_s == 20.0  # full scale: test suites need longer than the default
+    from experiments import sao_coding
+    from sao.build import make_tasks
+    for variant in ("cpu", "qwen3_8b"):
+        cfg = sao_coding.get_config(variant)
+        task = make_tasks(cfg)["humaneval"]
+        assert task.limits.timeout_s == cfg.env.tool_timeout_s
+        assert task.limits.memory_mb == cfg.env.tool_memory_mb
+    assert cfg.env.tool_timeout_s == 20.0  # full scale: test suites need longer than the default

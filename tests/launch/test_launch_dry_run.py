@@ -8,72 +8,72 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def dry_run(script, *args):
-  out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args, "--dry-run"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
-  assert out.returncode == 0, out.stderr
-  return out.stdout.splitlines()
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args, "--dry-run"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
 
 
 def test_local_launch_commands():
-  lines = dry_run("local.py", "--config=experiments/quickstart.py", "--workdir=/tmp/qs",
-                  "--workers=3", "--base_port=6000", "--python=python", "--set", "run.steps=5")
-  assert len(lines) == 4
-  for i, line in enumerate(lines[:3]):
-    assert line.startswith(f"[worker{i}] ") and line.endswith(" &")
-    argv = shlex.split(line.split("] ", 1)[1][:-2])
-    assert argv[:3] == ["python", "-m", "sao.main"]
-    assert "--role=rollout" in argv and f"--port={6000 + i}" in argv and "--config.run.steps=5" in argv
-  learner = shlex.split(lines[3].split("] ", 1)[1])
-  assert "--role=learner" in learner
-  assert "--config.rollout.worker_addresses=127.0.0.1:6000,127.0.0.1:6001,127.0.0.1:6002" in learner
+    lines = dry_run("local.py", "--config=experiments/quickstart.py", "--workdir=/tmp/qs",
+                    "--workers=3", "--base_port=6000", "--python=python", "--set", "run.steps=5")
+    assert len(lines) == 4
+    for i, line in enumerate(lines[:3]):
+        assert line.startswith(f"[worker{i}] ") and line.endswith(" &")
+        argv = shlex.split(line.split("] ", 1)[1][:-2])
+        assert argv[:3] == ["python", "-m", "sao.main"]
+        assert "--role=rollout" in argv and f"--port={6000 + i}" in argv and "--config.run.steps=5" in argv
+    learner = shlex.split(lines[3].split("] ", 1)[1])
+    assert "--role=learner" in learner
+    assert "--config.rollout.worker_addresses=127.0.0.1:6000,127.0.0.1:6001,127.0.0.1:6002" in learner
 
 
 def test_tpu_vm_launch_commands():
-  lines = dry_run("tpu_vm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b",
-                  "--workdir=gs://b/run", "--tpu=t1", "--accelerator=v5p-64", "--fleet=f0,f1",
-                  "--servers_per_machine=2")
-  assert "tpus tpu-vm create t1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
-  assert "--worker=all" in lines[1] and "pip install" in lines[1]
-  assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
-  learner = lines[-1]
-  assert "--worker=all" in learner and "--role=learner" in learner
-  assert "JAX_NUM_PROCESSES=8" in learner and "JAX_COORDINATOR_ADDRESS=t1-w-0:8476" in learner
-  assert "rollout.worker_addresses=f0:50151,f0:50152,f1:50151,f1:50152" in learner
+    lines = dry_run("tpu_vm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b",
+                    "--workdir=gs://b/run", "--tpu=t1", "--accelerator=v5p-64", "--fleet=f0,f1",
+                    "--servers_per_machine=2")
+    assert "tpus tpu-vm create t1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
+    assert "--worker=all" in lines[1] and "pip install" in lines[1]
+    assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
+    learner = lines[-1]
+    assert "--worker=all" in learner and "--role=learner" in learner
+    assert "JAX_NUM_PROCESSES=8" in learner and "JAX_COORDINATOR_ADDRESS=t1-w-0:8476" in learner
+    assert "rollout.worker_addresses=f0:50151,f0:50152,f1:50151,f1:50152" in learner
 
 
 def test_slurm_script():
-  lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
-                  "--learner_nodes=2", "--fleet_nodes=3", "--gpus_per_node=4")
-  text = "\n".join(lines)
-  assert lines[0] == "# /shared/r/sao.sbatch" and lines[1] == "#!/bin/bash"
-  assert "#SBATCH --nodes=2 --gpus-per-node=4" in text and "#SBATCH hetjob" in text
-  assert "#SBATCH --nodes=3 --gpus-per-node=4" in text
-  assert "JAX_PROCESS_ID=$SLURM_PROCID" in text and "--role=learner" in text
-  assert "launch/sglang_fleet.py" in text and "--servers=4" in text
-  assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--learner_nodes=2", "--fleet_nodes=3", "--gpus_per_node=4")
+    text = "\n".join(lines)
+    assert lines[0] == "# /shared/r/sao.sbatch" and lines[1] == "#!/bin/bash"
+    assert "#SBATCH --nodes=2 --gpus-per-node=4" in text and "#SBATCH hetjob" in text
+    assert "#SBATCH --nodes=3 --gpus-per-node=4" in text
+    assert "JAX_PROCESS_ID=$SLURM_PROCID" in text and "--role=learner" in text
+    assert "launch/sglang_fleet.py" in text and "--servers=4" in text
+    assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
 
 
 def test_sglang_fleet_commands():
-  lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                  "--model=/m", "--servers=2", "--tp=2", "--python=python")
-  assert len(lines) == 4
-  server1 = shlex.split(lines[2].split("] ", 1)[1][:-2])
-  assert server1[:3] == ["python", "-m", "sglang.launch_server"]
-  assert server1[server1.index("--port") + 1] == "30001" and server1[server1.index("--base-gpu-id") + 1] == "2"
-  worker1 = lines[3]
-  assert "--sglang_url=http://127.0.0.1:30001" in worker1 and "--port=50152" in worker1
-  assert "--config.rollout.engine=sglang" in worker1
+    lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
+                    "--model=/m", "--servers=2", "--tp=2", "--python=python")
+    assert len(lines) == 4
+    server1 = shlex.split(lines[2].split("] ", 1)[1][:-2])
+    assert server1[:3] == ["python", "-m", "sglang.launch_server"]
+    assert server1[server1.index("--port") + 1] == "30001" and server1[server1.index("--base-gpu-id") + 1] == "2"
+    worker1 = lines[3]
+    assert "--sglang_url=http://127.0.0.1:30001" in worker1 and "--port=50152" in worker1
+    assert "--config.rollout.engine=sglang" in worker1
 
 
 def test_sglang_jax_servers_disable_the_overlap_scheduler():
-  lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                  "--model=/m", "--servers=1", "--backend=jax", "--python=python")
-  server0 = shlex.split(lines[0].split("] ", 1)[1][:-2])
-  assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
+    lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
+                    "--model=/m", "--servers=1", "--backend=jax", "--python=python")
+    server0 = shlex.split(lines[0].split("] ", 1)[1][:-2])
+    assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
 
 
 def test_full_scale_variants_are_not_deterministic_by_default():
-  sys.path.insert(0, ROOT)
-  from experiments import sao_math
-  assert sao_math.get_config("qwen3_8b").learner.deterministic is False
-  assert sao_math.get_config("cpu").learner.deterministic is True
+    sys.path.insert(0, ROOT)
+    from experiments import sao_math
+    assert sao_math.get_config("qwen3_8b").learner.deterministic is False
+    assert sao_math.get_config("cpu").learner.deterministic is True
