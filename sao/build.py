@@ -17,7 +17,7 @@ def learner_config(cfg: ml_collections.ConfigDict):
     """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys).
 
     ``temperature`` is ``rollout.temperature``: log pi_theta is computed at the sampling
-    temperature (ALGORITHM.md section 4), so it is derived here, after any override.
+    temperature (docs/algorithm.md §4), so it is derived here, after any override.
     ``advantage_estimator="running_mean"`` becomes ``"given"``: the driver computes the
     advantages (``sao.learner.baselines.RunningMeanBaseline``, see :func:`running_mean_baseline`).
     """

@@ -2,7 +2,7 @@
 
 A trajectory is the token sequence ``prompt, a_0, o_0, a_1, ..., a_n`` exactly
 as the engine saw it (token-in/token-out), with per-token annotations
-(ALGORITHM.md §2). Arrays are numpy on the host; nothing here touches devices.
+(docs/algorithm.md §2). Arrays are numpy on the host; nothing here touches devices.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""End to end: ``experiments/online_drift.py:cpu`` (simulated online learning, ALGORITHM.md §8).
+"""End to end: ``experiments/online_drift.py:cpu`` (simulated online learning, docs/algorithm.md §8).
 
 A tiny run (short SFT so the policy answers, one rollout worker) whose style
 schedule switches at policy version 1: the ``env/...`` metrics, read from the

@@ -1,4 +1,4 @@
-"""One aggregator from per-token values to a scalar loss (ALGORITHM.md §4 "N").
+"""One aggregator from per-token values to a scalar loss (docs/algorithm.md §4 "N").
 
 Modes (``x: f32[B, T]`` per-token values, ``m: bool[B, T]`` mask, ``n_b`` the
 mask count of row b, ``B'`` the number of rows with ``n_b > 0``):

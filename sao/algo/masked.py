@@ -101,7 +101,7 @@ def masked_whiten(x, mask, *, shift_mean: bool = True, eps: float = 1e-8) -> Arr
 def explained_variance(values, returns, mask, *, eps: float = 1e-8) -> Array:
     """Explained variance ``1 - Var(R - V) / Var(R)`` over masked tokens.
 
-    ALGORITHM.md §5 critic metric. ``values, returns: f32[B, T]``,
+    docs/algorithm.md §5 critic metric. ``values, returns: f32[B, T]``,
     ``mask: bool[B, T]`` (action tokens). Returns a f32 scalar: 1 is a perfect
     critic, 0 is no better than a constant, negative is worse. When
     ``Var(R) <= eps`` (constant returns, or no token selected) the metric is

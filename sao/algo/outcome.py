@@ -1,7 +1,7 @@
 """Outcome (sequence-level) advantages: GRPO family, running-mean baselines,
 REINFORCE++ returns, and the broadcast of outcome advantages onto tokens.
 
-ALGORITHM.md §7 baselines. Sequence-level inputs are ``f32[N]`` (one reward
+docs/algorithm.md §7 baselines. Sequence-level inputs are ``f32[N]`` (one reward
 per trajectory); group ids are integers (any values, any order). Everything is
 jit-compatible; string options (``scale``) are static.
 """
@@ -134,7 +134,7 @@ def running_mean_advantages(rewards, slots, state: RunningMeanState, *,
                             default_baseline: float = 0.0) -> tuple[Array, RunningMeanState]:
     """Single-rollout running-mean baseline: ``A_i = R_i - mean(history of slot_i)``.
 
-    ALGORITHM.md §7 "running mean". The baseline of every trajectory in the
+    docs/algorithm.md §7 "running mean". The baseline of every trajectory in the
     batch is the mean of its slot's ring buffer *before* this batch (so a
     reward never baselines itself); a slot with no history uses
     ``default_baseline`` **[ours]**. The batch's rewards are then pushed into

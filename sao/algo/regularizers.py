@@ -1,6 +1,6 @@
 """Value loss, KL estimators and entropy: per-token terms for the critic and
 for baselines (SAO's own policy objective has no KL or entropy term,
-ALGORITHM.md §4-5).
+docs/algorithm.md §4-5).
 
 All outputs are f32 ``[B, T]`` per-token values, zero off the mask when a mask
 is given; reduce them with :func:`sao.algo.aggregate`.
@@ -18,7 +18,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "k3_st")
 
 def value_loss(values, returns, action_mask, *, old_values=None,
                clip_range: float | None = None) -> tuple[Array, dict[str, Array]]:
-    """Critic loss ``0.5 (V - R)^2`` per action token (ALGORITHM.md §5).
+    """Critic loss ``0.5 (V - R)^2`` per action token (docs/algorithm.md §5).
 
     With ``clip_range`` (and ``old_values``) the PPO-style clipped value loss
     ``0.5 max((V - R)^2, (V_clip - R)^2)``, ``V_clip = V_old + clip(V - V_old,

@@ -1,4 +1,4 @@
-"""Skip-observation GAE (ALGORITHM.md §3, paper Eq. 4-5).
+"""Skip-observation GAE (docs/algorithm.md §3, paper Eq. 4-5).
 
 GAE runs over the subsequence of action tokens only: from the last token of an
 action span the recursion jumps to the first token of the next action span, so

@@ -1,6 +1,6 @@
 """Simulated online learning: the rewarded answer style drifts with learner steps.
 
-ALGORITHM.md §8: the preferred behaviour switches during training (paper: at
+docs/algorithm.md §8: the preferred behaviour switches during training (paper: at
 ~step 150 and ~step 300); reward = quality x style, both binary, from a judge.
 Here the behaviour is the *style* of the final answer (``STYLES`` in
 sao/envs/judges.py: ``bare`` "42", ``sentence`` "The answer is 42.",

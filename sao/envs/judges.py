@@ -1,6 +1,6 @@
 """Judges for the online drift environment: answer quality and answer style.
 
-A judge returns a ``Verdict`` of two binary scores (ALGORITHM.md §8: reward =
+A judge returns a ``Verdict`` of two binary scores (docs/algorithm.md §8: reward =
 quality x style, both binary). ``RuleJudge`` checks correctness with the
 task's grader and the style with a regular expression; ``OpenAIJudge`` asks a
 model behind an OpenAI-compatible ``/chat/completions`` endpoint (aiohttp,

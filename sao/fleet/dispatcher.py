@@ -68,7 +68,7 @@ class DispatcherConfig:
     Attributes:
       batch_size: B, trajectories per learner batch.
       vocab_size: ids at or above it are rejected (``bad_token_id``).
-      tau: staleness bound in versions (ALGORITHM.md §6; 0 = synchronous RL).
+      tau: staleness bound in versions (docs/algorithm.md §6; 0 = synchronous RL).
       max_in_flight: prompts in flight + buffered; default ``(tau+1)*batch_size``.
       capacity_per_worker: leases per worker; default the worker's
         ``max_concurrency``.

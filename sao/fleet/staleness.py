@@ -1,4 +1,4 @@
-"""The staleness bound (ALGORITHM.md §6) and the in-flight budget it implies.
+"""The staleness bound (docs/algorithm.md §6) and the in-flight budget it implies.
 
 A trajectory's *lag* is ``learner_version - oldest policy_version over its
 action tokens``; it is dropped when ``lag > tau``. To keep drops rare the

@@ -1,4 +1,4 @@
-"""Host-side running-mean baseline (ALGORITHM.md §7): ``A = R - mean(last W rewards)``.
+"""Host-side running-mean baseline (docs/algorithm.md §7): ``A = R - mean(last W rewards)``.
 
 Single rollout per prompt, no critic. Per-prompt scope (``W = 8``): each
 prompt id gets its own ring buffer (slot), slots grow as new prompts appear.

@@ -3,7 +3,7 @@
 Kernels in `sao.algo` take explicit scalars; the learner reads this frozen
 dataclass and passes them on. Build it from an ``ml_collections.ConfigDict``
 with `LearnerConfig.from_config` (an unknown or misspelt key is an error, a
-missing key keeps its default). Defaults follow ALGORITHM.md (SAO, math/tool
+missing key keeps its default). Defaults follow docs/algorithm.md (SAO, math/tool
 band); fields marked **[ours]** are project choices.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ SHARD_CHECK_MODES = ("off", "warn", "raise")
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Learner hyper-parameters (ALGORITHM.md §3-§7).
+    """Learner hyper-parameters (docs/algorithm.md §3-§7).
 
     Attributes are grouped by subsystem; each comment gives units and source.
     """

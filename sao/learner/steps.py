@@ -154,7 +154,7 @@ def critic_step(state: TrainState, inputs: dict, *, model_def: ModelDef, tx, tra
 def actor_grads(params, ref_params, inputs: dict, *, model_def: ModelDef, num_micro: int,
                 policy_loss: str, hparams: dict[str, Any], agg_mode: str, temperature: float,
                 kl_coef: float, kl_estimator: str, entropy_coef: float):
-    """Actor loss with a registry policy loss (ALGORITHM.md §4) and its
+    """Actor loss with a registry policy loss (docs/algorithm.md §4) and its
     gradient, accumulated over ``num_micro`` micro-batches.
 
     Args:

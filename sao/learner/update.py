@@ -1,5 +1,5 @@
 """The SAO update for one batch, the GRPO-style baseline update, and value
-pretraining (ALGORITHM.md §3-§5, §7).
+pretraining (docs/algorithm.md §3-§5, §7).
 
 `sao_update` (``advantage_estimator="gae"``)::
 

@@ -4,7 +4,7 @@ vocabulary rebuilt from a GGUF file).
 
 Token-in/token-out: the rollout engine keeps the ids it sampled; text is only
 decoded for the environment and encoded for observations, never re-tokenised
-for training (ALGORITHM.md §2).
+for training (docs/algorithm.md §2).
 
 Byte-level layout (docs/architecture.md): ids 0..255 are raw bytes, then the
 special tokens ``<pad>``=256, ``<bos>``=257, ``<eos>``=258, ``<python>``=259,

@@ -3,7 +3,7 @@
 Parameter paths equal the policy's (transformer.py) minus ``lm_head``, plus
 ``value_head/kernel [D, 1]`` (embed, None) and ``value_head/bias [1]``. The
 regex constants below select parameter groups by path for the frozen-attention
-critic (ALGORITHM.md §5): train `MLP_PARAMS_REGEX` + `VALUE_HEAD_REGEX`, freeze
+critic (docs/algorithm.md §5): train `MLP_PARAMS_REGEX` + `VALUE_HEAD_REGEX`, freeze
 the rest, e.g. ``nnx.Optimizer(critic, tx, wrt=path_filter(TRAINABLE_CRITIC_REGEX))``.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ the ids the engine sampled (with their log-probs and versions) and the ids of
 the observations we frame and append. Earlier turns are never re-tokenised:
 each engine call continues the exact id sequence of the trajectory so far.
 Text exists only for the environment, which reads the decoded action and
-answers with observation text (ALGORITHM.md §2).
+answers with observation text (docs/algorithm.md §2).
 
 Episode end:
 * the environment says ``done`` after an action, or the action ends with a

@@ -3,9 +3,9 @@
 An engine samples continuations of token sequences for many concurrent
 episodes (asyncio). It never sees text: the agent loop owns tokenisation, so
 the trajectory the learner trains on is exactly what the engine produced
-(token-in/token-out, ALGORITHM.md §2). Every generated token carries the
+(token-in/token-out, docs/algorithm.md §2). Every generated token carries the
 learner version of the weights that produced it, because weights may be
-swapped while a request is in flight (partial rollout, ALGORITHM.md §6).
+swapped while a request is in flight (partial rollout, docs/algorithm.md §6).
 
 Implementations: ``ScriptedEngine`` (tests), ``JaxEngine`` (embedded, CPU
 default), ``SGLangEngine`` (HTTP client of an SGLang server).

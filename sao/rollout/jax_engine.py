@@ -12,7 +12,7 @@ at the end of the chunk.
 Weights are swapped only between chunks, and never drop a request: rows keep
 their KV cache (computed by the older weights, as in any partial rollout) and
 every token records the version that sampled it, so versions are
-non-decreasing along each completion (ALGORITHM.md §6).
+non-decreasing along each completion (docs/algorithm.md §6).
 
 Log-probs are those of ``sao.models.sample_tokens``: the chosen token under
 ``log_softmax(logits / temperature)`` before top-p/top-k truncation, which is

@@ -21,7 +21,7 @@ Versions: a completion is labelled with the version the client served when
 the request was sent (or the server's ``weight_version`` if it reports one).
 A request that overlaps a disk update may have been served by the newer
 weights: the label can only be older than the truth, which errs on the safe
-side of the staleness bound (ALGORITHM.md §6).
+side of the staleness bound (docs/algorithm.md §6).
 """
 from __future__ import annotations
 

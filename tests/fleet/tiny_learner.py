@@ -1,5 +1,5 @@
 """A tiny deterministic learner for fleet tests: a unigram softmax policy
-(``logits: f32[V]``) trained with a DIS-shaped loss (ALGORITHM.md §4, with a
+(``logits: f32[V]``) trained with a DIS-shaped loss (docs/algorithm.md §4, with a
 wide ratio band (1e-3, 1e3) because the simulated engine's log-probs are far
 from a uniform policy) on ``reward - mean reward`` advantages. A fast stand-in for the project
 learner where a test runs it many times (hypothesis examples); what matters is
