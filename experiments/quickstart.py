@@ -28,7 +28,7 @@ def get_config(arg=None):
     c = common.cpu(common.base())
     c.name = "quickstart"
     c.seed = int(variant)                    # init, sampling and prompt order
-    # model: the tiny preset (d=128, 2 layers, ~0.46M params), byte-level tokenizer.
+    # model: the tiny preset (d=128, 2 layers, 0.43M params), byte-level tokenizer.
     # learner / critic: SAO as in the paper, scaled for a tiny model.
     c.learner.batch_size = 32                # trajectories per step, one per prompt
     c.learner.length_buckets = (128,)        # every quick-start episode fits in 128 tokens

@@ -7,7 +7,7 @@ fields of a Hugging Face ``config.json`` mean (``num_layers`` is
 ``num_experts_per_tok`` / ``moe_intermediate_size`` / ``norm_topk_prob`` as in
 Qwen3-MoE, ``shared_expert_intermediate_size`` as in Qwen2-MoE).
 
-Presets (`get_preset`): ``tiny`` (byte-level vocab 272, ~0.46M params, for
+Presets (`get_preset`): ``tiny`` (byte-level vocab 272, 0.43M params, for
 tests and the CPU quick-start), ``tiny-moe`` (the same with 4 routed experts
 and a shared expert), ``smollm2-135m``, ``qwen3-0.6b``, ``qwen3-1.7b``,
 ``qwen3-8b``, ``qwen3-30b-a3b`` (published shapes).
