@@ -3,7 +3,11 @@
 Every decode failure is a ``CodecError`` whose ``reason`` is a short stable
 string (``decode_error``, ``bad_dtype``, ``bad_shape``, ``bad_metadata``),
 usable as a metric key next to ``sao.types.validate``'s reasons. Decoding never
-trusts sizes from the wire: the byte count must equal shape x itemsize.
+trusts sizes from the wire: the byte count must equal shape x itemsize. It
+accepts what the encoder would send again: metadata is a JSON object without
+``NaN`` / ``Infinity``, nested at most ``MAX_METADATA_DEPTH`` deep, and timings
+are finite (``bad_metadata`` otherwise), so a decoded trajectory can always be
+encoded again (the dispatcher's checkpointed buffer, replay files).
 """
 from __future__ import annotations
 
@@ -24,6 +28,9 @@ FIELD_DTYPES: dict[str, np.dtype] = {
     "policy_version": np.dtype("<i4"),
 }
 MAX_ARRAY_ELEMENTS = 1 << 26  # 64M tokens: far above any trajectory
+# Deeper metadata decodes but cannot be encoded again from a deep call stack
+# (json's encoder recurses): a checkpoint of the buffer would raise RecursionError.
+MAX_METADATA_DEPTH = 32
 
 
 class CodecError(ValueError):
@@ -66,16 +73,49 @@ def to_proto(traj: Trajectory) -> sao_pb2.Trajectory:
         timings={str(k): float(v) for k, v in traj.timings.items()})
 
 
+def _refuse_constant(name: str):
+    # json.loads calls this for NaN, Infinity and -Infinity, which the encoder
+    # (allow_nan=False) would refuse to send again.
+    raise ValueError(f"non-finite number {name} in metadata")
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)  # "1e999" overflows to inf without passing _refuse_constant
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite number {text} in metadata")
+    return x
+
+
+def _depth(obj) -> int:
+    """Nesting depth of a JSON value (iterative: the value may be deep)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(x, dict):
+            stack.extend((v, d + 1) for v in x.values())
+        elif isinstance(x, list):
+            stack.extend((v, d + 1) for v in x)
+    return deepest
+
+
 def from_proto(msg: sao_pb2.Trajectory) -> Trajectory:
     """Proto message -> Trajectory; raises CodecError. Content checks are
     ``sao.types.validate``'s job (shapes may still disagree between fields)."""
     arrays = {name: decode_array(getattr(msg, name), dt) for name, dt in FIELD_DTYPES.items()}
     try:
-        metadata = json.loads(msg.metadata_json) if msg.metadata_json else {}
+        metadata = (json.loads(msg.metadata_json, parse_constant=_refuse_constant,
+                                parse_float=_finite_float)
+                    if msg.metadata_json else {})
     except (ValueError, RecursionError) as e:
         raise CodecError("bad_metadata", str(e)) from e
     if not isinstance(metadata, dict):
         raise CodecError("bad_metadata", "metadata is not a JSON object")
+    if _depth(metadata) > MAX_METADATA_DEPTH:
+        raise CodecError("bad_metadata", f"metadata nested deeper than {MAX_METADATA_DEPTH}")
+    bad = sorted(k for k, v in msg.timings.items() if not math.isfinite(v))
+    if bad:
+        raise CodecError("bad_metadata", f"non-finite timings {bad}")
     return Trajectory(**arrays, reward=msg.reward, finish=msg.finish, prompt_id=msg.prompt_id,
                       trajectory_id=msg.trajectory_id, metadata=metadata,
                       timings=dict(msg.timings))

@@ -95,3 +95,44 @@ def test_flipped_bytes_of_a_real_message_never_crash(pos, byte):
     data[pos % len(data)] = byte
     t, reason = codec.try_decode(bytes(data))
     assert (t is None) != (reason is None)
+
+
+@pytest.mark.parametrize("metadata_json", [
+    '{"score": NaN}', '{"score": Infinity}', '{"score": [-Infinity]}', '{"score": 1e999}',
+    '{"a": ' * 33 + '1' + '}' * 33,
+])
+def test_metadata_the_encoder_would_refuse_is_bad_metadata(metadata_json):
+    # The dispatcher re-encodes buffered trajectories at every checkpoint: what it
+    # decodes must encode again (NaN used to decode, then crash state_dict()).
+    msg = codec.to_proto(traj(4))
+    msg.metadata_json = metadata_json
+    t, reason = codec.try_decode(msg.SerializeToString())
+    assert t is None and reason == "bad_metadata"
+
+
+def test_deepest_allowed_metadata_round_trips():
+    deep = {}
+    for _ in range(codec.MAX_METADATA_DEPTH - 1):
+        deep = {"a": deep}
+    t = codec.decode(codec.encode(traj(4, metadata=deep)))
+    assert t.metadata == deep
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_nonfinite_timing_is_bad_metadata(bad):
+    msg = codec.to_proto(traj(4))
+    msg.timings["generate_s"] = bad
+    assert codec.try_decode(msg.SerializeToString()) == (None, "bad_metadata")
+
+
+@settings(max_examples=200, deadline=None)
+@given(pos=st.integers(0, 10_000), byte=st.integers(0, 255),
+       metadata=st.sampled_from(['{"x": 1.5}', '{"x": NaN}', '{"x": -1e400}', '[]', '{"x": "ü"}']))
+def test_whatever_decodes_encodes_again(pos, byte, metadata):
+    msg = codec.to_proto(traj(20))
+    msg.metadata_json = metadata
+    data = bytearray(msg.SerializeToString())
+    data[pos % len(data)] = byte
+    t, reason = codec.try_decode(bytes(data))
+    if t is not None:
+        assert codec.decode(codec.encode(t)).metadata == t.metadata
