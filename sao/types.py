@@ -77,14 +77,23 @@ class Trajectory:
         return int(self.policy_version[self.action_mask].min())
 
 
-def validate(traj: Trajectory, *, vocab_size: int,
-             learner_version: int | None = None) -> str | None:
+def validate(traj: Trajectory, *, vocab_size: int, learner_version: int | None = None,
+             max_length: int | None = None, max_abs_reward: float | None = None) -> str | None:
     """Checks a received trajectory; returns a rejection reason or None.
 
+    Args:
+      vocab_size: token ids must lie in ``[0, vocab_size)``.
+      learner_version: action tokens may not carry a newer policy version.
+      max_length: most tokens (prompt included); the learner's largest length
+        bucket, which a longer trajectory cannot be padded into. None: no bound.
+      max_abs_reward: bound on ``|reward|``; a finite but absurd reward would
+        still move the policy (the critic's loss overflows first). None: no bound.
+
     Reasons are short stable strings used as metric keys: ``length_mismatch``,
-    ``empty``, ``bad_token_id``, ``no_action_token``, ``nonfinite_logprob``,
-    ``positive_logprob``, ``bad_finish``, ``nonfinite_reward``,
-    ``future_version``, ``negative_version``, ``bad_shape``.
+    ``empty``, ``too_long``, ``bad_token_id``, ``no_action_token``,
+    ``nonfinite_logprob``, ``positive_logprob``, ``bad_finish``,
+    ``nonfinite_reward``, ``reward_out_of_range``, ``future_version``,
+    ``negative_version``, ``bad_shape``.
     """
     arrays = (traj.tokens, traj.action_mask, traj.rollout_logprobs, traj.policy_version)
     if any(a.ndim != 1 for a in arrays):
@@ -94,12 +103,16 @@ def validate(traj: Trajectory, *, vocab_size: int,
         return "length_mismatch"
     if n == 0:
         return "empty"
+    if max_length is not None and n > max_length:
+        return "too_long"
     if traj.tokens.min() < 0 or traj.tokens.max() >= vocab_size:
         return "bad_token_id"
     if traj.finish not in FINISH_REASONS:
         return "bad_finish"
     if not np.isfinite(traj.reward):
         return "nonfinite_reward"
+    if max_abs_reward is not None and abs(traj.reward) > max_abs_reward:
+        return "reward_out_of_range"
     mask = traj.action_mask
     if not mask.any():
         return "no_action_token"

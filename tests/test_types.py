@@ -43,3 +43,21 @@ def test_tokens_that_would_wrap_or_truncate_are_refused():
     with pytest.raises(ValueError, match="integer"):
         make(tokens=np.array([1.0, 2.5, 3.0, 4.0]))
     assert make(tokens=np.array([1.0, 2.0, 3.0, 4.0])).tokens.dtype == np.int32
+
+
+def test_length_bound_is_the_largest_bucket():
+    # A trajectory longer than every learner bucket used to pass and crash make_train_batch.
+    assert validate(make(), vocab_size=8, max_length=4) is None
+    assert validate(make(), vocab_size=8, max_length=3) == "too_long"
+
+
+@pytest.mark.parametrize("reward,reason", [(1e30, "reward_out_of_range"),
+                                           (-1e30, "reward_out_of_range"),
+                                           (100.0, None), (-100.0, None),
+                                           (100.5, "reward_out_of_range")])
+def test_reward_bound(reward, reason):
+    assert validate(make(reward=reward), vocab_size=8, max_abs_reward=100.0) == reason
+
+
+def test_no_bounds_by_default():
+    assert validate(make(reward=1e30, tokens=[1, 2, 3, 4]), vocab_size=8) is None

@@ -79,6 +79,9 @@ class DispatcherConfig:
       reconnect_s: seconds between reconnection attempts to a lost worker.
       rpc_timeout_s: deadline of unary calls (Status, UpdateWeights).
       security: token / TLS (``sao.rpc.auth.Security``).
+      max_length: longer trajectories are rejected (``too_long``); the learner's
+        largest length bucket. None: unbounded (the learner may then fail to pad).
+      max_abs_reward: rewards with a larger ``|r|`` are rejected (``reward_out_of_range``).
     """
 
     batch_size: int
@@ -92,11 +95,16 @@ class DispatcherConfig:
     reconnect_s: float = 0.25
     rpc_timeout_s: float = 60.0
     security: auth.Security = auth.Security()
+    max_length: int | None = None
+    max_abs_reward: float | None = 1e6
 
     def __post_init__(self):
         staleness.max_in_flight(self.batch_size, self.tau)  # validates both
-        if self.vocab_size < 1 or self.max_attempts < 1:
-            raise ValueError("vocab_size >= 1 and max_attempts >= 1 needed")
+        if min(self.vocab_size, self.max_attempts,
+               1 if self.max_length is None else self.max_length) < 1:
+            raise ValueError("vocab_size, max_attempts and max_length (if set) must be >= 1")
+        if self.max_abs_reward is not None and not self.max_abs_reward > 0:
+            raise ValueError(f"max_abs_reward must be > 0, got {self.max_abs_reward}")
         if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
             raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
 
@@ -392,8 +400,9 @@ class Dispatcher:
                 self.metrics.drop("episode_failed")
             return
         if reason is None:
-            reason = validate(traj, vocab_size=self.config.vocab_size,
-                              learner_version=self._version)
+            c = self.config
+            reason = validate(traj, vocab_size=c.vocab_size, learner_version=self._version,
+                              max_length=c.max_length, max_abs_reward=c.max_abs_reward)
         if reason is None and traj.finish == "error":
             reason = "env_error"  # an environment failure, not a zero reward: not trained
         if reason is None and staleness.is_stale(traj, self._version, self.config.tau):

@@ -128,6 +128,35 @@ def test_malformed_trajectory_rejected_with_reason(make, reason):
     assert d.snapshot()["drops"] == {reason: 1}
 
 
+@pytest.mark.parametrize("make,reason", [
+    (lambda: good_trajectory("p0", n_prompt=20, n_action=13), "too_long"),   # 33 > 32
+    (lambda: good_trajectory("p0", reward=1e30), "reward_out_of_range"),
+    (lambda: good_trajectory("p0", reward=-101.0), "reward_out_of_range"),
+])
+def test_over_long_or_absurd_reward_rejected_with_reason(make, reason):
+    # Both used to be accepted: the first crashed make_train_batch (no bucket fits),
+    # the second moved the policy by ~1e30 x the gradient.
+    cfg = DispatcherConfig(batch_size=1, vocab_size=VOCAB, max_length=32, max_abs_reward=100.0)
+    d = Dispatcher([], prompts(2), cfg)
+    link = FakeLink("w")
+    d.link_joined(link, 4, None)
+    link.answer(d, link.leases.popleft(), traj=make())
+    link.answer(d, link.leases.popleft(), traj=good_trajectory("p1", n_prompt=20, n_action=12,
+                                                               reward=-100.0))
+    [t] = d.get_batch(timeout=1)
+    assert t.prompt_id == "p1" and t.length == 32
+    assert d.snapshot()["drops"] == {reason: 1}
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(max_length=0), "max_length"), (dict(max_abs_reward=0.0), "max_abs_reward"),
+    (dict(max_abs_reward=float("nan")), "max_abs_reward"),
+])
+def test_input_bounds_must_be_positive(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DispatcherConfig(batch_size=4, vocab_size=VOCAB, **kwargs)
+
+
 class CorruptingServicer(RolloutServicer):
     """Sends garbage for every other lease, a real trajectory for the rest."""
 
