@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/gae.py            # B=256, T=4096
     .venv/bin/python benchmarks/gae.py --batch 32 --length 512 --repeats 3
 
-Compares ``sao.algo.gae`` (``method="chunked"``, the default, ``"associative"``
-and ``"scan"``) against
+Compares ``sao.algo.gae`` (``method="chunked"``, the default, ``"associative"``,
+and ``"scan"``, the literal per-token recursion) against
 
 * the NumPy loop reference (reverse loop over tokens, one row at a time, in
   Python); it is timed on ``--loop_rows`` rows and scaled linearly to B rows;

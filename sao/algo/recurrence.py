@@ -13,7 +13,9 @@ skip-observation GAE and reward relocation read (sao/algo/skip_gae.py).
   derives them from its raw inputs slice by slice; see the function's notes.
 * :func:`solve_associative`: ``jax.lax.associative_scan`` over the affine maps
   (O(log T) depth).
-* :func:`solve_scan`: a reverse ``jax.lax.scan`` over time (O(T) steps).
+
+(The token-by-token reference, ``gae(method="scan")``, is the GAE recursion
+itself, not this affine form: sao/algo/skip_gae.py.)
 """
 from __future__ import annotations
 
@@ -47,11 +49,12 @@ def from_blocks(x: Array, length: int) -> Array:
     return x if x.shape[1] == length else x[:, :length]
 
 
-def _typed_like(x: Array, data: Array) -> Array:
-    """``x``, typed like ``data``: inside ``shard_map`` a loop carry that starts
-    from a constant (a default bootstrap of zeros) is not "varying" across
-    devices while the loop's output is, and the loop is rejected; selecting
-    against ``data`` gives it data's type. XLA folds the select away."""
+def typed_like(x: Array, data: Array) -> Array:
+    """``x``, typed like ``data`` (same shape): inside ``shard_map`` a loop
+    carry that starts from a constant (a default bootstrap of zeros) is not
+    "varying" across devices while the loop's output is, and the loop is
+    rejected; selecting against ``data`` gives it data's type. XLA folds the
+    select away."""
     return jnp.where(True, x, data)
 
 
@@ -83,7 +86,7 @@ def _carry_over_blocks(block_a: Array, block_b: Array, x_end: Array, group: int)
             x = tile[0, :, k] * x + tile[1, :, k]
         return x, jax.lax.dynamic_update_slice(after, jnp.stack(out, axis=1), (zero, start))
 
-    x0 = _typed_like(x_end[:, 0], maps[1, :, 0])
+    x0 = typed_like(x_end[:, 0], maps[1, :, 0])
     after = jax.lax.fori_loop(0, steps, body, (x0, jnp.zeros_like(maps[0])))[1]
     return after if not pad else after[:, :num_blocks]
 
@@ -143,13 +146,3 @@ def solve_associative(a: Array, b: Array, x_end: Array) -> Array:
     b = jnp.concatenate([b[:, :-1], b[:, -1:] + a[:, -1:] * x_end], axis=1)
     x = jax.lax.associative_scan(_affine_combine, (a, b), reverse=True, axis=1)[1]
     return jnp.concatenate([x[:, 1:], x_end], axis=1)
-
-
-def solve_scan(a: Array, b: Array, x_end: Array, unroll: int = 16) -> Array:
-    """``x_{t+1}`` for f32[B, T] coefficients by a reverse ``jax.lax.scan`` over time."""
-    def step(x_next, ab):
-        return ab[0] * x_next + ab[1], x_next
-
-    x0 = _typed_like(x_end[:, 0], b[:, -1])
-    _, x_next = jax.lax.scan(step, x0, (a.T, b.T), reverse=True, unroll=unroll)
-    return x_next.T

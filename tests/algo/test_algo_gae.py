@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from algo_reference import classic_gae_loop, gae_loop
-from sao.algo import gae, length_adaptive_lambda, relocate_rewards
+from sao.algo import gae, length_adaptive_lambda, relocate_rewards, skip_gae
 
 METHODS = ("chunked", "associative", "scan")
+FAST_METHODS = ("chunked", "associative")  # checked against "scan", the literal recursion
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,6 +45,43 @@ def test_matches_numpy_loop_on_random_masks(method, seed):
             ref_adv, ref_ret = gae_loop(rewards, values, mask, 0.97, lam_arg, boot)
             np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+
+
+def test_literal_recursion_matches_numpy_loop():
+    # skip_gae._literal_gae (method="scan") against the NumPy loop, called directly.
+    rng = np.random.default_rng(7)
+    rewards, values, mask = random_batch(rng, 5, 41)
+    mask[0] = False
+    rewards[1, :3], mask[1, :3] = 2.0, False  # rewards before the first action: dropped
+    values = np.where(mask, values, np.nan).astype(np.float32)  # never read off the mask
+    lam = rng.uniform(0.0, 1.0, size=5).astype(np.float32)
+    gamma = np.full(5, 0.95, np.float32)
+    bootstrap = rng.normal(size=5).astype(np.float32)
+    adv, ret = skip_gae._literal_gae(jnp.asarray(rewards), jnp.asarray(values),
+                                     jnp.asarray(mask), gamma, lam, bootstrap)
+    ref_adv, ref_ret = gae_loop(rewards, values, mask, 0.95, lam, bootstrap)
+    np.testing.assert_allclose(adv, ref_adv, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, ref_ret, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", FAST_METHODS)
+@pytest.mark.parametrize("length", [1, 8, 37, 64, 203])  # block multiples and not
+def test_fast_solvers_match_literal_recursion(method, length):
+    rng = np.random.default_rng(length)
+    rewards, values, mask = random_batch(rng, 7, length, p_action=0.5)
+    mask[0] = False  # no action token
+    mask[1] = True  # no observation token
+    rewards = np.where(rng.random(rewards.shape) < 0.5, rewards, 0.0).astype(np.float32)
+    values = np.where(mask, values, np.nan).astype(np.float32)  # never read off the mask
+    lam = rng.uniform(0.0, 1.0, size=7).astype(np.float32)
+    bootstrap = rng.normal(size=7).astype(np.float32)
+    for gamma, lam_arg, boot in ((1.0, 1.0, None), (0.97, lam, bootstrap), (0.5, 0.0, None)):
+        literal = gae(rewards, values, mask, gamma=gamma, lam=lam_arg, bootstrap_value=boot,
+                      method="scan")
+        fast = gae(rewards, values, mask, gamma=gamma, lam=lam_arg, bootstrap_value=boot,
+                   method=method)
+        np.testing.assert_allclose(fast[0], literal[0], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(fast[1], literal[1], rtol=1e-5, atol=1e-5)
 
 
 # Hand-computed: mask [0,1,0,0,1], V(1)=0.5, V(4)=0.25, reward 1 on t=4,
@@ -197,6 +235,24 @@ def test_all_ones_mask_reduces_to_classic_gae(data, method, gamma, lam):
     adv, _ = jitted_gae(method)(rewards, values, np.ones((B, T), bool), gamma=gamma, lam=lam)
     ref = np.stack([classic_gae_loop(rewards[b], values[b], gamma, lam) for b in range(B)])
     np.testing.assert_allclose(adv, ref, rtol=1e-5, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
+@given(data=st.data(), method=st.sampled_from(FAST_METHODS),
+       gamma=st.floats(0.0, 1.0), lam=st.floats(0.0, 1.0))
+def test_fast_solvers_agree_with_literal_recursion(data, method, gamma, lam):
+    floats = st.floats(-10, 10, width=32)
+    mask = data.draw(hnp.arrays(bool, (B, T)))
+    rewards = data.draw(hnp.arrays(np.float32, (B, T), elements=floats))
+    values = data.draw(hnp.arrays(np.float32, (B, T), elements=floats))
+    bootstrap = data.draw(hnp.arrays(np.float32, (B,), elements=floats))
+    literal = jitted_gae("scan")(rewards, values, mask, gamma=gamma, lam=lam,
+                                 bootstrap_value=bootstrap)
+    fast = jitted_gae(method)(rewards, values, mask, gamma=gamma, lam=lam,
+                              bootstrap_value=bootstrap)
+    # |A| can reach ~300 (T=12 rewards of 10 plus values), hence atol.
+    np.testing.assert_allclose(fast[0], literal[0], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(fast[1], literal[1], rtol=1e-5, atol=1e-4)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)  # reproducible in CI
