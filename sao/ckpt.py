@@ -17,10 +17,15 @@ Two kinds of checkpoint live in two directories:
 * **Publish checkpoints** (`publish`, `latest_published`): parameters only, as
   the ``nnx.State`` of the model's ``nnx.Param`` (what
   ``sao.rollout.JaxEngine.load_weights`` reads with
-  ``ocp.StandardCheckpointer``), optionally plus an HF safetensors export. A
-  version is written into a temporary directory, renamed to ``v{version}``,
-  and only then is the ``LATEST`` marker replaced atomically (``os.replace``):
-  a reader that goes through `latest_published` never sees a partial one.
+  ``ocp.StandardCheckpointer``) in ``v{version}/params``, optionally plus an
+  HF export (safetensors, ``config.json``, tokenizer files: what an SGLang
+  server loads) in ``v{version}/hf``. Both are written into one temporary
+  directory, which is renamed to ``v{version}`` only when both are complete;
+  only then is the ``LATEST`` marker replaced atomically (``os.replace``). A
+  reader never sees a version directory with half its files, and one that
+  goes through `latest_published` never sees a version before it is marked.
+  File modes follow the umask (safetensors writes ``0600``), so servers
+  running as another user can read what the umask lets them.
 
 Resume order: see docs/learner.md.
 """
@@ -31,6 +36,7 @@ import dataclasses
 import json
 import os
 import shutil
+import stat
 import uuid
 from typing import Any
 
@@ -41,12 +47,14 @@ import orbax.checkpoint as ocp
 from sao.types import Trajectory
 
 LATEST_MARKER = "LATEST"
+PARAMS_DIR = "params"  # orbax params checkpoint inside a version directory
+HF_DIR = "hf"          # HF export inside a version directory
 _BUFFER_ARRAYS = ("tokens", "action_mask", "rollout_logprobs", "policy_version")
 
 
 def abstract_state(tree, shardings=None):
     """``jax.ShapeDtypeStruct`` for each leaf, with ``shardings`` (a matching
-    tree, e.g. from ``sao.learner.create_state``) or the leaves' own sharding:
+    tree, e.g. ``Learner.state_shardings``) or the leaves' own sharding:
     the restore target. Use shardings of another mesh to reshard on restore."""
     if shardings is None:
         return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
@@ -225,15 +233,20 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
       version: policy version (must be newer than the current latest).
       params: ``nnx.State`` of the model's ``nnx.Param`` (e.g.
         ``nnx.state(model, nnx.Param)`` or ``ModelDef.param_state(params)``).
-      hf_export: optional ``callable(path)`` writing an HF export into
-        ``path`` (e.g. ``lambda p: sao.models.save_pretrained(model, cfg, p)``);
-        it lands in ``<uri>/hf``.
+      hf_export: optional ``callable(path)`` writing an HF export into the
+        directory ``path`` (e.g. ``lambda p: sao.models.save_pretrained(params,
+        cfg, p, tokenizer)``; ``save_pretrained`` takes the ``nnx.State``
+        too); it must write ``config.json``. It lands in ``<version dir>/hf``,
+        renamed into place together with the params.
       keep: published versions kept (older ones are deleted after the marker
         moves; readers should load within ``keep`` publishes).
     Returns:
       The uri (directory) of the orbax params checkpoint, ``<version dir>/params``.
     Raises:
       ValueError: ``version`` is not newer than the latest published one.
+      RuntimeError: ``hf_export`` wrote no ``config.json``. Whatever
+        ``hf_export`` raises propagates. On any error nothing is published
+        and the temporary directory is removed.
     """
     directory = os.path.abspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -242,11 +255,23 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
         raise ValueError(f"version {version} is not newer than published {latest[0]}")
     tmp = os.path.join(directory, f".tmp-{int(version)}-{uuid.uuid4().hex}")
     os.makedirs(tmp)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.join(tmp, "params"), params)
-    if hf_export is not None:
-        hf_export(os.path.join(tmp, "hf"))
+    dir_mode = stat.S_IMODE(os.stat(tmp).st_mode)  # 0o777 less the umask
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
+        if hf_export is not None:
+            hf_path = os.path.join(tmp, HF_DIR)
+            hf_export(hf_path)
+            if not os.path.isfile(os.path.join(hf_path, "config.json")):
+                raise RuntimeError(f"hf_export wrote no config.json into {hf_path}")
+        _umask_modes(tmp, dir_mode)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     final = _version_dir(directory, version)
+    # Left by a publish killed between its rename and its marker: never marked,
+    # so no reader was told of it.
+    shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     marker_tmp = os.path.join(directory, f".{LATEST_MARKER}.{uuid.uuid4().hex}")
     with open(marker_tmp, "w", encoding="utf-8") as f:
@@ -255,7 +280,21 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
         os.fsync(f.fileno())
     os.replace(marker_tmp, os.path.join(directory, LATEST_MARKER))
     _prune(directory, keep)
-    return os.path.join(final, "params")
+    return os.path.join(final, PARAMS_DIR)
+
+
+def _umask_modes(root: str, dir_mode: int) -> None:
+    """Sets every directory under ``root`` to ``dir_mode`` (what ``mkdir``
+    gave ``root``: ``0o777`` less the umask) and every file to ``dir_mode &
+    0o666``, the modes a plain ``mkdir``/``open`` gives. Writers that use
+    ``0600`` temporaries (safetensors) would otherwise make the export
+    unreadable to a server running as another user."""
+    for dirpath, _, filenames in os.walk(root):
+        os.chmod(dirpath, dir_mode)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, dir_mode & 0o666)
 
 
 def _prune(directory: str, keep: int) -> None:
@@ -272,12 +311,17 @@ def latest_published(directory: str) -> tuple[int, str] | None:
     """``(version, uri)`` of the newest complete publish, or None if none.
 
     ``uri`` is the orbax params directory to pass to ``Engine.load_weights``;
-    ``<uri>/../hf`` holds the HF export when one was requested.
+    ``<uri>/../hf`` holds the HF export when one was requested (`hf_dir`).
     """
     try:
         with open(os.path.join(directory, LATEST_MARKER), encoding="utf-8") as f:
             marker = json.load(f)
     except FileNotFoundError:
         return None
-    path = os.path.join(os.path.abspath(directory), marker["path"], "params")
+    path = os.path.join(os.path.abspath(directory), marker["path"], PARAMS_DIR)
     return int(marker["version"]), path
+
+
+def hf_dir(uri: str) -> str:
+    """The HF export directory of a `publish` uri (``<version dir>/hf``)."""
+    return os.path.join(os.path.dirname(uri.rstrip("/")), HF_DIR)

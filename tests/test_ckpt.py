@@ -41,7 +41,7 @@ def test_resume_is_bit_identical(tmp_path):
                           policy_version=states.policy_version,
                           data_state={"epoch": 1, "index": 9}, buffer=buffered)
                 ckpt.wait()  # before the next step donates the saved buffers
-            states, _ = learner.sao_update(states, batch)
+            states, _ = learner.update(states, batch)
         uninterrupted = _host(states)
 
         restored = ckpt.restore(target=learner.abstract_states())
@@ -56,7 +56,7 @@ def test_resume_is_bit_identical(tmp_path):
     states = restored.train_state
     assert int(states.step) == 2
     for batch in batches[2:]:
-        states, _ = learner.sao_update(states, batch)
+        states, _ = learner.update(states, batch)
     for a, b in zip(_host(states), uninterrupted):
         np.testing.assert_array_equal(a, b)
 
@@ -160,3 +160,107 @@ def test_keeps_newest_n_and_bytes_data_state(tmp_path):
             ckpt.save(0, train_state=tree, data_state={1, 2})
         with pytest.raises(FileNotFoundError):
             ckpt.restore(target=abstract_state(tree))
+
+
+def test_publish_with_hf_export_is_whole_and_readable(tmp_path):
+    from sao.ckpt import hf_dir
+    from sao.models import from_pretrained, save_pretrained
+    from sao.models.tokenizer import ByteTokenizer
+
+    model = Transformer(MODEL_CFG, rngs=nnx.Rngs(0))
+    params = nnx.state(model, nnx.Param)
+    root = str(tmp_path / "pub")
+    old_umask = os.umask(0o022)
+    try:
+        uri = publish(root, 1, params,
+                      hf_export=lambda p: save_pretrained(params, MODEL_CFG, p, ByteTokenizer()))
+    finally:
+        os.umask(old_umask)
+    hf = hf_dir(uri)
+    assert hf == os.path.join(os.path.dirname(uri), "hf")
+    assert {"config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= set(os.listdir(hf))
+    # safetensors writes 0600; a server running as another user must read it.
+    for dirpath, dirnames, filenames in os.walk(os.path.dirname(uri)):
+        assert os.stat(dirpath).st_mode & 0o777 == 0o755, dirpath
+        for name in filenames:
+            assert os.stat(os.path.join(dirpath, name)).st_mode & 0o777 == 0o644, name
+    _, back, tok = from_pretrained(hf)
+    for a, b in zip(_host(nnx.state(back, nnx.Param)), _host(params)):
+        np.testing.assert_array_equal(a, b)
+    assert tok.encode("<python>1</python>") == ByteTokenizer().encode("<python>1</python>")
+
+    # A failing export publishes nothing and leaves no temporary behind.
+    def broken(path):
+        os.makedirs(path)
+        raise OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        publish(root, 2, params, hf_export=broken)
+    with pytest.raises(RuntimeError, match="no config.json"):
+        publish(root, 2, params, hf_export=os.makedirs)
+    assert latest_published(root) == (1, uri)
+    assert sorted(os.listdir(root)) == ["LATEST", "v0000000001"]
+    # A version directory renamed but never marked (killed before the marker) is replaced.
+    os.makedirs(os.path.join(root, "v0000000002", "junk"))
+    uri2 = publish(root, 2, params)
+    assert latest_published(root) == (2, uri2)
+    assert sorted(os.listdir(os.path.dirname(uri2))) == ["params"]
+
+
+_EXPORT_CHILD = textwrap.dedent("""
+    import os, sys, time
+    from flax import nnx
+    from sao.ckpt import publish
+    from sao.models import Transformer, get_preset, save_pretrained
+    from sao.models.tokenizer import ByteTokenizer
+    root, stage = sys.argv[1], sys.argv[2]
+    cfg = get_preset("tiny", hidden_size=64, intermediate_size=128, num_heads=2,
+                     num_kv_heads=1, num_layers=1)
+    params = nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param)
+    version = 0
+
+    def export(path):
+        if version == 2 and stage == "half":  # config written, weights not yet
+            os.makedirs(path)
+            with open(os.path.join(path, "config.json"), "w") as f:
+                f.write("{}")
+            print("stage", flush=True)
+            time.sleep(600)
+        save_pretrained(params, cfg, path, ByteTokenizer())
+        if version == 2 and stage == "exported":  # export whole, not renamed yet
+            print("stage", flush=True)
+            time.sleep(600)
+
+    for version in (1, 2):
+        publish(root, version, params, hf_export=export)
+""")
+
+
+@pytest.mark.parametrize("stage", ["half", "exported"])
+def test_sigkill_mid_hf_export_never_shows_a_partial_version(tmp_path, stage):
+    """A publish killed while (or right after) writing its HF export leaves the
+    previous version as the latest, whole; the next publish clears the debris."""
+    from sao.ckpt import hf_dir
+    from sao.models import from_pretrained
+
+    root = str(tmp_path / "pub")
+    proc = subprocess.Popen([sys.executable, "-c", _EXPORT_CHILD, root, stage],
+                            stdout=subprocess.PIPE, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:
+        assert proc.stdout.readline().strip() == b"stage"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    tmp, *names = sorted(os.listdir(root))
+    assert names == ["LATEST", "v0000000001"]
+    assert tmp.startswith(".tmp-2-")  # the killed publish, invisible to readers
+    version, uri = latest_published(root)
+    assert version == 1
+    cfg, model, _ = from_pretrained(hf_dir(uri))
+    with ocp.StandardCheckpointer() as ckptr:
+        back = ckptr.restore(uri)
+    ours = nnx.state(model, nnx.Param)
+    for a, b in zip(_host(ours), _host(back)):
+        np.testing.assert_array_equal(a, b)
+    publish(root, 2, ours)
+    assert sorted(os.listdir(root)) == ["LATEST", "v0000000001", "v0000000002"]
