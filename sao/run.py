@@ -317,7 +317,7 @@ class _LearnerContext:
         sampling = self.sampling if temperature is None else self.sampling.replace(temperature=temperature)
 
         async def go():
-            await self.engine.load_weights(states.policy_version, self.param_state(states))
+            await self.engine.set_params(states.policy_version, self.param_state(states))
             return await run_episodes(self.engine, self.make_env, self.tokenizer, prompts, sampling,
                                       concurrency=cfg.rollout.max_concurrency,
                                       **episode_kwargs(cfg, self.tokenizer))

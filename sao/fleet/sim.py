@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class SimulatedEngine(Engine):
         self.chunk_tokens = chunk_tokens
         self.vocab_size = vocab_size
         self._version = version
-        self.weight_uris: list[Any] = []
+        self.weight_uris: list[str] = []
         self.tokens_generated = 0  # over all requests, updated per chunk
 
     @property
@@ -66,7 +66,7 @@ class SimulatedEngine(Engine):
         return Completion(tokens=tokens, logprobs=logprobs, versions=versions,
                           finish_reason="length")
 
-    async def load_weights(self, version: int, uri: Any) -> None:
+    async def load_weights(self, version: int, uri: str) -> None:
         if version < self._version:
             raise ValueError(f"version {version} is older than the current {self._version}")
         self._version = int(version)

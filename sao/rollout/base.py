@@ -129,13 +129,14 @@ class Engine(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def load_weights(self, version: int, uri: Any) -> None:
-        """Serves weights of learner ``version`` from ``uri`` for all later tokens.
+    async def load_weights(self, version: int, uri: str) -> None:
+        """Serves the published weights of learner ``version`` at ``uri`` for
+        all later tokens.
 
-        ``uri`` is a published checkpoint path (orbax for JaxEngine, an HF
-        directory for SGLang) or, where an engine allows it, in-memory weights.
-        In-flight requests are kept. Raises ValueError if ``version`` is lower
-        than the current one.
+        ``uri`` is a ``sao.ckpt.publish`` path (the orbax params for
+        JaxEngine, its HF export for SGLang). In-flight requests are kept.
+        Raises ValueError if ``version`` is lower than the current one or
+        ``uri`` is not a string.
         """
 
     @abc.abstractmethod

@@ -9,7 +9,10 @@ slots on device (one `lax.scan`, one host round trip) and hands each active
 row its tokens up to its stop token or budget. A finished row frees its slot
 at the end of the chunk.
 
-Weights are swapped only between chunks, and never drop a request: rows keep
+New weights come from a published checkpoint (`JaxEngine.load_weights`, a
+rollout worker) or from memory (`JaxEngine.set_params`, the learner's
+in-process engine). They are swapped only between chunks, and never drop a
+request: rows keep
 their KV cache (computed by the older weights, as in any partial rollout) and
 every token records the version that sampled it, so versions are
 non-decreasing along each completion (docs/algorithm.md §6).
@@ -34,6 +37,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from sao.models import decode_step, init_cache, prefill, sample_tokens, write_cache_row
@@ -172,18 +176,40 @@ class JaxEngine(Engine):
         self._kick()
         return await req.future
 
-    async def load_weights(self, version: int, uri: Any) -> None:
-        """Serves new weights from the next decode step on.
+    async def load_weights(self, version: int, uri: str) -> None:
+        """Serves the published weights at ``uri`` from the next decode step on.
 
-        ``uri``: a path to an orbax checkpoint of the model's ``nnx.Param``
-        state (a params-only publish, ``sao.ckpt``), or an in-memory
-        ``nnx.State`` / model of the same structure. Returns once the new
-        weights are in use. Raises ValueError on an older version or a state
-        of another structure.
+        ``uri``: the orbax checkpoint of the model's ``nnx.Param`` state that
+        ``sao.ckpt.publish`` writes; restored in a thread while decoding goes
+        on. Returns once the new weights are in use. Raises ValueError on an
+        older version, a ``uri`` that is not a string, or weights of another
+        structure.
         """
+        if not isinstance(uri, str):
+            raise ValueError(f"load_weights takes a checkpoint path, got {type(uri).__name__} "
+                             "(in-memory weights go to set_params)")
+        await self._swap(version, lambda: self._restore(uri))
+
+    async def set_params(self, version: int, params: nnx.State) -> None:
+        """Serves in-memory weights from the next decode step on (the learner's
+        own engine: no checkpoint round trip).
+
+        ``params``: an ``nnx.State`` of ``nnx.Param`` with the served model's
+        structure, shapes and dtypes (e.g. ``nnx.state(model, nnx.Param)``);
+        kept by reference, not copied. Returns once the weights are in use.
+        Raises ValueError on an older version, something other than an
+        ``nnx.State``, or a state of another structure.
+        """
+        if not isinstance(params, nnx.State):
+            raise ValueError(f"set_params takes an nnx.State, got {type(params).__name__}")
+        await self._swap(version, lambda: params)
+
+    async def _swap(self, version: int, read) -> None:
+        """Runs ``read() -> nnx.State`` in a thread, checks it, and swaps it in
+        between decode chunks (at once when idle)."""
         if version < self._version or (self._pending and version < self._pending[0]):
             raise ValueError(f"version {version} is older than the served {self._version}")
-        params = await asyncio.to_thread(self._read_params, uri)
+        params = await asyncio.to_thread(lambda: self._checked(read()))
         if version < self._version or (self._pending and version < self._pending[0]):
             return  # a newer version finished loading first: this one is superseded
         if self._task is None or self._task.done():
@@ -210,19 +236,12 @@ class JaxEngine(Engine):
 
     # -- weights --------------------------------------------------------------------
 
-    def _read_params(self, uri: Any):
-        if isinstance(uri, nnx.Module):
-            uri = nnx.state(uri, nnx.Param)
-        if isinstance(uri, nnx.State):
-            params = uri
-        elif isinstance(uri, str):
-            import orbax.checkpoint as ocp
-            abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._params)
-            with ocp.StandardCheckpointer() as ckptr:
-                params = ckptr.restore(uri, abstract)
-        else:
-            raise ValueError(f"load_weights takes a checkpoint path or an nnx.State, "
-                             f"got {type(uri).__name__}")
+    def _restore(self, uri: str) -> nnx.State:
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._params)
+        with ocp.StandardCheckpointer() as ckptr:
+            return ckptr.restore(uri, abstract)
+
+    def _checked(self, params: nnx.State) -> nnx.State:
         want = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
         got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
         if jax.tree.structure(want) != jax.tree.structure(got) or want != got:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 from sao.rollout.base import Completion, Engine, EngineError, SamplingParams, check_prompt
 
@@ -51,7 +51,7 @@ class ScriptedEngine(Engine):
         self._version = int(version)
         self._delay_s = delay_s
         self.prompts: list[list[int]] = []
-        self.loads: list[tuple[int, Any]] = []
+        self.loads: list[tuple[int, str]] = []
 
     @property
     def version(self) -> int:
@@ -83,7 +83,7 @@ class ScriptedEngine(Engine):
                 break
         return Completion(tokens, logprobs, versions, finish)
 
-    async def load_weights(self, version: int, uri: Any) -> None:
+    async def load_weights(self, version: int, uri: str) -> None:
         if version < self._version:
             raise ValueError(f"version {version} is older than the served {self._version}")
         self._version = int(version)

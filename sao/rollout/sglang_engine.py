@@ -158,7 +158,7 @@ class SGLangEngine(Engine):
                 self._inflight -= 1
                 self._idle.notify_all()
 
-    async def load_weights(self, version: int, uri: Any) -> None:
+    async def load_weights(self, version: int, uri: str) -> None:
         """Serves the HF directory ``uri`` as learner ``version``.
 
         A ``sao.ckpt.publish`` uri (``<version dir>/params``, orbax) is mapped

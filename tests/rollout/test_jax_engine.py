@@ -86,10 +86,10 @@ def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
             tasks = [asyncio.create_task(engine.generate(p, sp)) for p in prompts(4, seed=1)]
             while engine.steps < 4:
                 await asyncio.sleep(0.005)
-            await engine.load_weights(1, nnx.state(other, nnx.Param))
+            await engine.set_params(1, nnx.state(other, nnx.Param))
             swapped = await asyncio.gather(*tasks)
             with pytest.raises(ValueError, match="older"):
-                await engine.load_weights(0, nnx.state(model, nnx.Param))
+                await engine.set_params(0, nnx.state(model, nnx.Param))
             await engine.load_weights(version, path)  # idle engine: orbax restore, applied now
             after = await engine.generate([1, 2, 3], SamplingParams(max_new_tokens=8,
                                                                     temperature=0.8))
@@ -115,7 +115,11 @@ def test_bad_requests_are_rejected(models):
             with pytest.raises(ValueError, match="vocab_size"):
                 await engine.generate([1, 999], SamplingParams())
             with pytest.raises(ValueError, match="structure"):
-                await engine.load_weights(1, nnx.State({}))
+                await engine.set_params(1, nnx.State({}))
+            with pytest.raises(ValueError, match="set_params"):
+                await engine.load_weights(1, nnx.state(model, nnx.Param))
+            with pytest.raises(ValueError, match="nnx.State"):
+                await engine.set_params(1, "ckpt/1")
             # A long budget is capped by the cache: finish "length" at max_len.
             c = await engine.generate([1] * 58, SamplingParams(max_new_tokens=100))
             assert len(c.tokens) == 6 and c.finish_reason == "length"
