@@ -101,11 +101,11 @@ def measure_learner(args) -> dict:
     t = ready_trajectory(args.length)
     batch = make_train_batch([t] * args.learner_batch, buckets=cfg.length_buckets,
                              batch_size=cfg.batch_size, pad_id=cfg.pad_id)
-    states, _ = learner.sao_update(states, batch)  # compile
+    states, _ = learner.update(states, batch)  # compile
     jax.block_until_ready(states)
     t0 = time.perf_counter()
     for _ in range(args.learner_steps):
-        states, _ = learner.sao_update(states, batch)
+        states, _ = learner.update(states, batch)
     jax.block_until_ready(states)
     wall = time.perf_counter() - t0
     return {"tokens_per_s": args.learner_steps * args.learner_batch * args.length / wall,

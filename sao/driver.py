@@ -130,9 +130,9 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
                                  pad_id=cfg.pad_id)
         metrics = batch_metrics(trajs, version)
         if advantages is None:
-            states, m = learner.sao_update(states, batch)                # critic K steps, DIS actor step
+            states, m = learner.update(states, batch)                    # critic K steps, DIS actor step
         else:                                                          # critic-free, caller's baseline
-            states, m = learner.sao_update(states, batch, advantages(trajs, cfg.batch_size))
+            states, m = learner.update(states, batch, advantages(trajs, cfg.batch_size))
         metrics.update(m)
         used += len(trajs)
         version = states.policy_version

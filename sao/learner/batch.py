@@ -6,7 +6,7 @@ few fixed length buckets, and the batch dimension is padded to a fixed ``B``
 with zero-weight rows (``row_mask`` = 0). A run therefore compiles each step at
 most ``len(length_buckets)`` times.
 
-Host side only (numpy); ``sao.learner.mesh.shard_batch`` puts a batch on the
+Host side only (numpy); ``sao.learner.mesh.put_batch`` puts a batch on the
 mesh.
 """
 from __future__ import annotations

@@ -37,7 +37,7 @@ class LearnerConfig:
     # --- advantages (§3) --------------------------------------------------
     # "gae": SAO / VAPO, critic + skip-observation GAE. Critic-free baselines:
     # "grpo" | "dr_grpo" | "rloo" (groups = prompt_id), "reinforce_pp", or
-    # "given" (per-row advantages passed to sao_update, e.g. a running mean).
+    # "given" (per-row advantages passed to Learner.update, e.g. a running mean).
     advantage_estimator: str = "gae"
     gamma: float = 1.0                  # discount per action-token step [ours: paper silent]
     alpha: float = 1.5                  # length-adaptive λ_policy = 1 - 1/(alpha*l), VAPO

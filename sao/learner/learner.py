@@ -4,31 +4,31 @@ The `Learner` object holds what is static (config, mesh, model structure,
 optimisers, compiled steps); the arrays live in a `LearnerStates` pytree that
 is passed in and returned, so checkpointing is ``Checkpointer.save(...,
 train_state=states)``. Every jitted step has explicit in/out shardings and
-donates the state it replaces: after ``states, m = learner.sao_update(states,
+donates the state it replaces: after ``states, m = learner.update(states,
 batch)`` the old ``states`` must not be used again.
 
-The algorithm-level functions (`sao_update`, `grpo_update`, `value_pretrain`)
-are in `sao.learner.update` and bound here as methods.
+What an update does with the compiled steps (targets, K critic steps, warm-up,
+the actor step) is in `sao.learner.update`; `Learner.update` and
+`Learner.value_pretrain` hand it the config and the compiled steps.
 """
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
-from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sao.learner import steps
-from sao.learner.batch import TrainBatch, make_train_batch
+from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
 from sao.learner.guards import check_sharded
-from sao.learner.mesh import batch_sharding
-from sao.learner.state import TrainState, make_optimizer, plan_state, trainable_mask
+from sao.learner.mesh import batch_sharding, put_batch
+from sao.learner.state import LearnerStates, make_optimizer, plan_state, trainable_mask
+from sao.learner.update import CompiledSteps, update_step, value_pretrain
 from sao.models import ValueModel
 
 ModelOrFactory = nnx.Module | Callable[[], nnx.Module]
@@ -43,35 +43,12 @@ def check_determinism(deterministic: bool, mesh: Mesh, env=None) -> None:
     Raises:
       ValueError: a GPU mesh without the flag.
     """
-    import os
     env = os.environ if env is None else env
     platforms = {d.platform for d in mesh.devices.flat}
     if deterministic and platforms & {"gpu", "cuda", "rocm"}:
         if GPU_DETERMINISM_FLAG not in env.get("XLA_FLAGS", ""):
             raise ValueError(f"deterministic=True on GPU needs XLA_FLAGS={GPU_DETERMINISM_FLAG} "
                              "before JAX starts (or set deterministic=False)")
-
-
-@flax.struct.dataclass
-class LearnerStates:
-    """All learner arrays.
-
-    Attributes:
-      actor: policy `TrainState`; ``actor.step`` (updates applied) is the
-        policy version of ``actor.params``.
-      critic: critic `TrainState`, or None without a critic (GRPO).
-      ref_params: frozen reference policy params for the KL term, or None.
-      step: i32[] learner steps done (batches consumed, warm-up included).
-    """
-
-    actor: TrainState
-    critic: TrainState | None
-    ref_params: Any
-    step: jax.Array
-
-    @property
-    def policy_version(self) -> int:
-        return int(self.actor.step)
 
 
 class Learner:
@@ -129,7 +106,7 @@ class Learner:
         c, bs, rep = self.cfg, self._bs, self._rep
         actor_trainable = trainable_mask(self.actor_shardings.params, c.actor_freeze_regex)
         hp = {"eps_low": c.eps_low, "eps_high": c.eps_high}
-        self._actor_step = jax.jit(
+        actor_step = jax.jit(
             functools.partial(
                 steps.actor_step, model_def=self.actor_def, tx=self.actor_tx,
                 trainable=actor_trainable, num_micro=self.num_micro, policy_loss=c.policy_loss,
@@ -140,17 +117,20 @@ class Learner:
         self._actor_logprobs = jax.jit(
             functools.partial(steps.actor_logprobs, self.actor_def, temperature=c.temperature),
             in_shardings=(self.actor_shardings.params, bs), out_shardings=bs)
+        critic_step = critic_values = None
         if self.critic_def is not None:
             critic_trainable = trainable_mask(self.critic_shardings.params, c.critic_freeze_regex)
-            self._critic_step = jax.jit(
+            critic_step = jax.jit(
                 functools.partial(steps.critic_step, model_def=self.critic_def,
                                   tx=self.critic_tx, trainable=critic_trainable,
                                   num_micro=self.num_micro, value_clip=c.value_clip),
                 in_shardings=(self.critic_shardings, bs),
                 out_shardings=(self.critic_shardings, rep), donate_argnums=0)
-            self._critic_values = jax.jit(
+            critic_values = jax.jit(
                 functools.partial(steps.critic_values, self.critic_def),
                 in_shardings=(self.critic_shardings.params, bs), out_shardings=bs)
+        self._steps = CompiledSteps(mesh=self.mesh, actor_step=actor_step,
+                                    critic_step=critic_step, critic_values=critic_values)
 
     # -- states ------------------------------------------------------------
 
@@ -187,75 +167,49 @@ class Learner:
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             like, self.state_shardings)
 
-    def make_batch(self, trajectories) -> TrainBatch:
-        """`make_train_batch` with this config's buckets, batch size and pad id."""
-        return make_train_batch(trajectories, buckets=self.cfg.length_buckets,
-                                batch_size=self.cfg.batch_size, pad_id=self.cfg.pad_id)
-
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
         """Places a host `TrainBatch` on the mesh (rows sharded).
 
         Raises:
           ValueError: the batch has another B than ``cfg.batch_size``.
         """
-        if batch.tokens.shape[0] != self.cfg.batch_size:
-            raise ValueError(f"batch has {batch.tokens.shape[0]} rows, learner expects "
-                             f"batch_size={self.cfg.batch_size}")
-        return jax.device_put(batch, self._bs)
+        return put_batch(batch, self.mesh, self.cfg.batch_size)
 
     # -- single steps (mesh-aware wrappers) -----------------------------------
 
     def critic_values(self, states: LearnerStates, tokens) -> jax.Array:
         """Critic values f32[B, T] for tokens i32[B, T]."""
         with jax.set_mesh(self.mesh):
-            return self._critic_values(states.critic.params, jax.device_put(tokens, self._bs))
+            return self._steps.critic_values(states.critic.params,
+                                             jax.device_put(tokens, self._bs))
 
     def actor_logprobs(self, states: LearnerStates, tokens) -> jax.Array:
         """Policy log-probs f32[B, T] at ``cfg.temperature``."""
         with jax.set_mesh(self.mesh):
             return self._actor_logprobs(states.actor.params, jax.device_put(tokens, self._bs))
 
-    def critic_step(self, critic: TrainState, inputs: dict) -> tuple[TrainState, dict]:
-        """One critic update (`sao.learner.steps.critic_step`); donates ``critic``."""
-        with jax.set_mesh(self.mesh):
-            return self._critic_step(critic, inputs)
-
-    def actor_step(self, actor: TrainState, ref_params, inputs: dict) -> tuple[TrainState, dict]:
-        """One actor update (`sao.learner.steps.actor_step`); donates ``actor``."""
-        with jax.set_mesh(self.mesh):
-            return self._actor_step(actor, ref_params, inputs)
-
     def compiled_sizes(self) -> dict[str, int]:
         """Number of compiled variants per jitted step (recompile guard)."""
-        fns = {"actor_step": self._actor_step, "actor_logprobs": self._actor_logprobs}
+        fns = {"actor_step": self._steps.actor_step, "actor_logprobs": self._actor_logprobs}
         if self.critic_def is not None:
-            fns.update(critic_step=self._critic_step, critic_values=self._critic_values)
+            fns.update(critic_step=self._steps.critic_step,
+                       critic_values=self._steps.critic_values)
         return {k: f._cache_size() for k, f in fns.items()}
 
     # -- algorithm ----------------------------------------------------------
 
-    def sao_update(self, states: LearnerStates, batch: TrainBatch, seq_advantages=None):
-        """See `sao.learner.update.sao_update`."""
-        from sao.learner.update import sao_update
-        return sao_update(self, states, batch, seq_advantages)
+    def update(self, states: LearnerStates, batch: TrainBatch,
+               seq_advantages=None) -> tuple[LearnerStates, dict[str, float]]:
+        """One learner step on one batch: the SAO update with a critic
+        (``advantage_estimator="gae"``), else the critic-free one of the
+        configured estimator (GRPO, Dr. GRPO, RLOO, REINFORCE++, ``given``).
+        Donates ``states``. See `sao.learner.update.update_step` (arguments,
+        metrics, errors)."""
+        return update_step(self.cfg, self._steps, states, batch, seq_advantages)
 
-    def grpo_update(self, states: LearnerStates, batch: TrainBatch, seq_advantages=None):
-        """`sao_update` for a critic-free config (GRPO-style baselines).
-
-        Raises:
-          ValueError: the config uses a critic (``advantage_estimator="gae"``).
-        """
-        if self.cfg.uses_critic:
-            raise ValueError("grpo_update needs a critic-free advantage_estimator, e.g. 'grpo'")
-        from sao.learner.update import sao_update
-        return sao_update(self, states, batch, seq_advantages)
-
-    def value_pretrain(self, states: LearnerStates, batches, **kw):
-        """See `sao.learner.update.value_pretrain`."""
-        from sao.learner.update import value_pretrain
-        return value_pretrain(self, states, batches, **kw)
-
-
-def to_host(metrics: dict) -> dict[str, float]:
-    """Metrics dict of device scalars -> python floats."""
-    return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()}
+    def value_pretrain(self, states: LearnerStates, batches, *, ev_threshold: float | None = None,
+                       max_steps: int | None = None) -> tuple[LearnerStates, dict]:
+        """Fits the critic before RL; donates ``states``. See
+        `sao.learner.update.value_pretrain`."""
+        return value_pretrain(self.cfg, self._steps, states, batches,
+                              ev_threshold=ev_threshold, max_steps=max_steps)

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
+from sao.learner.batch import TrainBatch
 from sao.models.sharding import logical_to_spec, make_mesh
 
 # Environment variables read by `distributed_init_args` (the names JAX itself
@@ -104,11 +105,14 @@ def batch_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(mesh, logical_to_spec(names, shape, mesh))
 
 
-def tree_batch_shardings(mesh: Mesh, tree):
-    """`batch_sharding` for every array leaf of ``tree`` (e.g. a `TrainBatch`)."""
-    return jax.tree.map(lambda x: batch_sharding(mesh, tuple(x.shape)), tree)
+def put_batch(batch: TrainBatch, mesh: Mesh, batch_size: int) -> TrainBatch:
+    """Places a host `TrainBatch` on ``mesh``: rows over the ``batch`` logical
+    axis (`batch_sharding`), everything else replicated.
 
-
-def shard_batch(tree, mesh: Mesh):
-    """Puts a host pytree of ``[B, ...]`` arrays on ``mesh`` (B sharded)."""
-    return jax.device_put(tree, tree_batch_shardings(mesh, tree))
+    Raises:
+      ValueError: the batch has another B than ``batch_size``.
+    """
+    if batch.tokens.shape[0] != batch_size:
+        raise ValueError(f"batch has {batch.tokens.shape[0]} rows, learner expects "
+                         f"batch_size={batch_size}")
+    return jax.device_put(batch, batch_sharding(mesh, (batch_size,)))

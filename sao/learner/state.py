@@ -4,6 +4,8 @@ A `TrainState` holds plain pytrees only (parameters as the nested dict of
 ``nnx.to_pure_dict``, the optax state, the update counter), so it goes through
 ``jax.jit`` with explicit shardings, buffer donation and orbax unchanged. The
 model's structure (``nnx.GraphDef``) lives in a `ModelDef` next to it.
+`LearnerStates` bundles the actor's and critic's train states, the reference
+policy and the learner step counter.
 
 Optimiser (`make_optimizer`), per actor and per critic:
 
@@ -44,6 +46,28 @@ class TrainState:
     step: jax.Array
 
 
+@flax.struct.dataclass
+class LearnerStates:
+    """All learner arrays (one pytree: jitted, donated and checkpointed whole).
+
+    Attributes:
+      actor: policy `TrainState`; ``actor.step`` (updates applied) is the
+        policy version of ``actor.params``.
+      critic: critic `TrainState`, or None without a critic (GRPO).
+      ref_params: frozen reference policy params for the KL term, or None.
+      step: i32[] learner steps done (batches consumed, warm-up included).
+    """
+
+    actor: TrainState
+    critic: TrainState | None
+    ref_params: Any
+    step: jax.Array
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.actor.step)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelDef:
     """Static half of a model: ``graphdef`` and the abstract ``nnx.State`` of
@@ -67,11 +91,6 @@ class ModelDef:
 def path_str(path) -> str:
     """'/'-joined key path, e.g. ``layers/0/attn/q_proj/kernel``."""
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-
-
-def tree_paths(params) -> list[str]:
-    """'/'-joined paths of every leaf, in tree order."""
-    return [path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
 
 
 def freeze_labels(params, freeze_regex: str):
@@ -212,14 +231,3 @@ def plan_state(model: nnx.Module | Callable[[], nnx.Module],
     return StatePlan(model_def=model_def, shardings=shardings, tx=tx,
                      init=lambda: jitted(source))
 
-
-def create_state(model: nnx.Module | Callable[[], nnx.Module],
-                 make_tx: Callable[[Any], optax.GradientTransformation],
-                 mesh: Mesh) -> tuple[ModelDef, TrainState, TrainState, optax.GradientTransformation]:
-    """Creates a `TrainState` already sharded on ``mesh`` (see `plan_state`).
-
-    Returns:
-      ``(model_def, state, state_shardings, tx)``.
-    """
-    plan = plan_state(model, make_tx, mesh)
-    return plan.model_def, plan.init(), plan.shardings, plan.tx

@@ -1,7 +1,11 @@
 """The SAO update for one batch, the GRPO-style baseline update, and value
 pretraining (docs/algorithm.md §3-§5, §7).
 
-`sao_update` (``advantage_estimator="gae"``)::
+These run the learner's compiled steps (`CompiledSteps`, built with their
+shardings by `sao.learner.learner.Learner`, whose ``update`` and
+``value_pretrain`` methods call `update_step` and `value_pretrain`).
+
+`update_step` (``advantage_estimator="gae"``)::
 
     V      = critic(batch)                                  values at action tokens
     A      = skip-obs GAE(r, V, λ = 1 - 1/(α·l))            actor advantages (Eq. 4-5)
@@ -19,17 +23,48 @@ policy loss (the critic still fits them).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from sao import algo
 from sao.learner.batch import TrainBatch
-from sao.learner.learner import Learner, LearnerStates, to_host
+from sao.learner.config import LearnerConfig
+from sao.learner.mesh import put_batch
+from sao.learner.state import LearnerStates, TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSteps:
+    """The jitted steps an update runs, with the learner's shardings and
+    buffer donation (built by `sao.learner.learner.Learner`).
+
+    Attributes:
+      mesh: the learner mesh; the steps are called under ``jax.set_mesh(mesh)``.
+      actor_step: ``(actor, ref_params, inputs) -> (actor, metrics)``, the
+        policy update `sao.learner.steps.actor_step`; donates ``actor``.
+      critic_step: ``(critic, inputs) -> (critic, metrics)``, the critic update
+        `sao.learner.steps.critic_step`; donates ``critic``. None without a critic.
+      critic_values: ``(critic params, tokens i32[B, T]) -> f32[B, T]``
+        (`sao.learner.steps.critic_values`). None without a critic.
+    """
+
+    mesh: Mesh
+    actor_step: Callable[[TrainState, Any, dict], tuple[TrainState, dict]]
+    critic_step: Callable[[TrainState, dict], tuple[TrainState, dict]] | None = None
+    critic_values: Callable[[Any, jax.Array], jax.Array] | None = None
+
+
+def to_host(metrics: dict) -> dict[str, float]:
+    """Metrics dict of device scalars -> python floats."""
+    return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()}
 
 
 def _staleness(batch: TrainBatch, mask, version):
@@ -112,12 +147,14 @@ def _prefixed(prefix: str, metrics: dict) -> dict:
     return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
 
-def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
-               seq_advantages=None) -> tuple[LearnerStates, dict[str, float]]:
+def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
+                batch: TrainBatch, seq_advantages=None) -> tuple[LearnerStates, dict[str, float]]:
     """One learner step on one batch (module doc). Donates ``states``.
 
     Args:
-      learner: the `Learner` (config, mesh, compiled steps).
+      cfg: the learner config (estimator, λ, K critic steps, warm-up, ...).
+      steps: the learner's compiled steps (critic ones required when
+        ``cfg.uses_critic``).
       states: current `LearnerStates`.
       batch: a host or placed `TrainBatch` with ``B = cfg.batch_size``.
       seq_advantages: f32[B] per-row advantages, required with
@@ -127,8 +164,10 @@ def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
       ``critic/...`` (last of the K critic steps), ``actor/...`` (absent
       during critic warm-up), ``learner/step``, ``learner/policy_version``,
       ``learner/actor_updated``.
+    Raises:
+      ValueError: ``seq_advantages`` given without ``advantage_estimator="given"``
+        (or missing with it) or not f32[B]; a batch with another B.
     """
-    cfg = learner.cfg
     if (seq_advantages is not None) != (cfg.advantage_estimator == "given"):
         raise ValueError("seq_advantages must be given exactly when "
                          f"advantage_estimator='given' (it is {cfg.advantage_estimator!r})")
@@ -138,14 +177,14 @@ def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
             raise ValueError(f"seq_advantages must be f32[{cfg.batch_size}], got "
                              f"{seq_advantages.shape}")
     if isinstance(batch.tokens, np.ndarray):
-        batch = learner.put_batch(batch)
+        batch = put_batch(batch, steps.mesh, cfg.batch_size)
     step = int(states.step)
     version = states.actor.step
     critic = states.critic
     metrics: dict = {}
-    with jax.set_mesh(learner.mesh):
+    with jax.set_mesh(steps.mesh):
         if cfg.uses_critic:
-            values = learner._critic_values(critic.params, batch.tokens)
+            values = steps.critic_values(critic.params, batch.tokens)
             t = gae_targets(batch, values, version, gamma=cfg.gamma, alpha=cfg.alpha,
                             lam_policy=cfg.lam_policy, lam_critic=cfg.lam_critic,
                             whiten=cfg.whiten_advantages,
@@ -153,7 +192,7 @@ def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
             inputs = dict(tokens=batch.tokens, action_mask=t["action_mask"],
                           returns=t["returns"], old_values=values)
             for _ in range(cfg.critic_steps):
-                critic, cm = learner._critic_step(critic, inputs)
+                critic, cm = steps.critic_step(critic, inputs)
                 metrics.update(_prefixed("critic", cm))
         else:
             t = outcome_targets(batch, version, seq_advantages,
@@ -166,7 +205,7 @@ def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
         if update_actor:
             inputs = dict(tokens=batch.tokens, policy_mask=t["policy_mask"],
                           advantages=t["advantages"], rollout_logprobs=batch.rollout_logprobs)
-            actor, am = learner._actor_step(actor, states.ref_params, inputs)
+            actor, am = steps.actor_step(actor, states.ref_params, inputs)
             metrics.update(_prefixed("actor", am))
     new_step = jax.device_put(jnp.asarray(step + 1, jnp.int32), states.step.sharding)
     new = LearnerStates(actor=actor, critic=critic, ref_params=states.ref_params, step=new_step)
@@ -176,8 +215,8 @@ def sao_update(learner: Learner, states: LearnerStates, batch: TrainBatch,
     return new, out
 
 
-def value_pretrain(learner: Learner, states: LearnerStates, batches: Iterable[TrainBatch], *,
-                   ev_threshold: float | None = None,
+def value_pretrain(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
+                   batches: Iterable[TrainBatch], *, ev_threshold: float | None = None,
                    max_steps: int | None = None) -> tuple[LearnerStates, dict]:
     """Fits the critic to Monte-Carlo returns before RL (VC-PPO style, §5).
 
@@ -192,21 +231,21 @@ def value_pretrain(learner: Learner, states: LearnerStates, batches: Iterable[Tr
       ``(states, {"steps", "explained_variance", "history"})``; ``history`` is
       the explained variance measured before each step (and the final one).
     Raises:
-      ValueError: without a critic or with no batches.
+      ValueError: without a critic, with no batches, or a batch with another B.
     """
-    cfg = learner.cfg
     if not cfg.uses_critic:
         raise ValueError("value_pretrain needs a critic (advantage_estimator='gae')")
     ev_threshold = cfg.value_pretrain_ev if ev_threshold is None else ev_threshold
     max_steps = cfg.value_pretrain_steps if max_steps is None else max_steps
-    placed = [b if not isinstance(b.tokens, np.ndarray) else learner.put_batch(b)
+    placed = [b if not isinstance(b.tokens, np.ndarray) else put_batch(b, steps.mesh,
+                                                                       cfg.batch_size)
               for b in batches]
     if not placed:
         raise ValueError("value_pretrain needs at least one batch")
     critic, history, n = states.critic, [], 0
-    with jax.set_mesh(learner.mesh):
+    with jax.set_mesh(steps.mesh):
         for batch in itertools.cycle(placed):
-            values = learner._critic_values(critic.params, batch.tokens)
+            values = steps.critic_values(critic.params, batch.tokens)
             t = gae_targets(batch, values, states.actor.step, gamma=cfg.gamma, alpha=cfg.alpha,
                             lam_policy=cfg.lam_policy, lam_critic=1.0, whiten=False,
                             drop_truncated=False)
@@ -214,7 +253,7 @@ def value_pretrain(learner: Learner, states: LearnerStates, batches: Iterable[Tr
             history.append(ev)
             if ev >= ev_threshold or n >= max_steps:
                 break
-            critic, _ = learner._critic_step(critic, dict(
+            critic, _ = steps.critic_step(critic, dict(
                 tokens=batch.tokens, action_mask=t["action_mask"], returns=t["returns"],
                 old_values=values))
             n += 1

@@ -47,13 +47,13 @@ def train(learner, source, max_steps):
         if not batch:
             break
         tb = make_train_batch(batch, buckets=CFG.length_buckets, batch_size=B, pad_id=CFG.pad_id)
-        states, metrics = learner.sao_update(states, tb)
+        states, metrics = learner.update(states, tb)
         version = states.policy_version
         source.push_weights(version, f"mem://{version}")
     return states, metrics
 
 
-def test_replay_reproduces_sao_update_bit_identically(learner, tmp_path):
+def test_replay_reproduces_update_bit_identically(learner, tmp_path):
     # Log-probs near a uniform policy's (-ln 272 = -5.6) keep ratios in the DIS band.
     def make():
         engine = sim.SimulatedEngine(seconds_per_token=2e-4, logprob_range=(-5.8, -5.4))

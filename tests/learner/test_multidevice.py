@@ -32,7 +32,7 @@ def test_sharded_update_matches_single_device():
             assert adam.mu["layers"][0]["mlp"]["up_proj"]["kernel"].sharding == kernel.sharding
             placed = learner.put_batch(batch)
             assert placed.tokens.sharding.spec[0] == ("data", "fsdp")
-        states, metrics = learner.sao_update(states, batch)
+        states, metrics = learner.update(states, batch)
         out[name] = (metrics, jax.device_get(learner.actor_logprobs(states, batch.tokens)),
                      jax.device_get(learner.critic_values(states, batch.tokens)))
     (m1, lp1, v1), (m8, lp8, v8) = out["one"], out["mesh"]

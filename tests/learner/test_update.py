@@ -39,7 +39,7 @@ def _hand_batch(learner, states):
     return batch.replace(rollout_logprobs=np.where(batch.action_mask, lp, 0.0).astype(np.float32))
 
 
-def test_sao_update_moves_policy_and_critic(learner):
+def test_update_moves_policy_and_critic(learner):
     states = learner.init_states()
     batch = _hand_batch(learner, states)
     lp0 = np.asarray(learner.actor_logprobs(states, batch.tokens))[:, 3]
@@ -47,13 +47,13 @@ def test_sao_update_moves_policy_and_critic(learner):
     actor0, critic0 = _host(states.actor.params), _host(states.critic.params)
 
     # Step 1 is critic warm-up: the actor must not move.
-    states, m1 = learner.sao_update(states, batch)
+    states, m1 = learner.update(states, batch)
     assert m1["learner/actor_updated"] == 0 and m1["learner/policy_version"] == 0
     assert not any(k.startswith("actor/") for k in m1)
     for a, b in zip(jax.tree.leaves(_host(states.actor.params)), jax.tree.leaves(actor0)):
         np.testing.assert_array_equal(a, b)
 
-    states, m2 = learner.sao_update(states, batch)
+    states, m2 = learner.update(states, batch)
     assert m2["learner/actor_updated"] == 1 and m2["learner/policy_version"] == 1
     assert m2["actor/frac_masked_low"] == 0 and m2["actor/frac_masked_high"] == 0
     assert m2["batch/staleness_max"] == 0 and m2["actor/skipped_nonfinite_loss"] == 0
@@ -81,8 +81,8 @@ def test_nonfinite_batch_skips_both_updates(learner):
     rewards[0, 3] = np.nan
     batch = batch.replace(rewards=rewards)
     before = _host(states)
-    states, _ = learner.sao_update(states, batch)  # warm-up step
-    states, m = learner.sao_update(states, batch)
+    states, _ = learner.update(states, batch)  # warm-up step
+    states, m = learner.update(states, batch)
     assert m["critic/skipped_nonfinite_loss"] == 1 and m["actor/skipped_nonfinite_loss"] == 1
     assert m["learner/policy_version"] == 0
     after = _host(states)
@@ -98,7 +98,7 @@ def test_bounded_recompiles(learner):
     for n, hi in [(3, 8), (4, 16), (2, 12), (4, 6), (1, 16)]:
         batch = make_train_batch(random_trajs(n, rng, min_len=5, max_len=hi),
                                  buckets=CFG.length_buckets, batch_size=4, pad_id=256)
-        states, m = learner.sao_update(states, batch)
+        states, m = learner.update(states, batch)
         assert np.isfinite(m["critic/value_loss"])
     sizes = learner.compiled_sizes()
     assert sizes["actor_step"] <= 2 and sizes["critic_step"] <= 2, sizes
@@ -175,7 +175,7 @@ def test_grpo_baseline_with_kl():
              traj(p, [GOOD], 1.0, pid="g"), traj(p, [BAD], 0.0, pid="g")]
     batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=4, pad_id=256)
     lp0 = np.asarray(lrn.actor_logprobs(states, batch.tokens))[:, 3]
-    states, m = lrn.grpo_update(states, batch)
+    states, m = lrn.update(states, batch)
     lp1 = np.asarray(lrn.actor_logprobs(states, batch.tokens))[:, 3]
     assert m["learner/actor_updated"] == 1 and m["actor/clip_fraction"] == 0
     assert m["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # reference = policy at step 0
@@ -212,6 +212,4 @@ def test_seq_advantages_only_with_given(learner):
     states = learner.abstract_states()
     batch = make_train_batch([traj([1], [2], 1.0)], buckets=(8,), batch_size=4, pad_id=256)
     with pytest.raises(ValueError, match="advantage_estimator='given'"):
-        learner.sao_update(states, batch, seq_advantages=np.zeros(4))
-    with pytest.raises(ValueError, match="critic-free"):
-        learner.grpo_update(states, batch)
+        learner.update(states, batch, seq_advantages=np.zeros(4))
