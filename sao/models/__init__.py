@@ -11,7 +11,6 @@ from sao.models.value import (ATTENTION_PARAMS_REGEX, MLP_PARAMS_REGEX,
                               TRAINABLE_CRITIC_REGEX, VALUE_HEAD_REGEX, ValueModel,
                               param_paths, path_filter)
 from sao.models.chat import ChatTemplate, encode_chat, encode_message, generation_prompt
-from sao.models.hf import from_pretrained, save_pretrained
+from sao.models.hf import save_pretrained
+from sao.models.pretrained import from_pretrained
 from sao.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_hf_tokenizer
-# Weights import/export (owned by the HF/GGUF part; re-exported per architecture.md).
-from sao.models.hf import from_pretrained, save_pretrained

@@ -1,8 +1,8 @@
 """GGUF (llama.cpp) import and export for Llama-architecture models.
 
 Reading goes through the ``gguf`` package: every tensor is dequantized to
-float32 and renamed to its Hugging Face name, so the rest of the import is
-the HF path (:mod:`sao.models.hf`). llama.cpp's converter permutes the rows
+float32 and renamed to its Hugging Face name, so the rest of the import
+(:func:`load_gguf_model`) is the HF path (:mod:`sao.models.hf`). llama.cpp's converter permutes the rows
 of ``q_proj`` / ``k_proj`` of each head from HF's half-split RoPE layout to
 the interleaved one (``convert_hf_to_gguf.py``, ``LlamaModel.permute``);
 :func:`unpermute_rope_rows` undoes it. The tokenizer is rebuilt from the
@@ -18,6 +18,8 @@ from typing import Mapping
 
 import numpy as np
 
+from sao.models.hf import (build_model, config_from_hf, config_to_hf, model_params,
+                           params_from_hf, params_to_hf)
 from sao.models.tokenizer import HFTokenizer
 
 # GGUF tensor name -> HF name; ``{i}`` is the layer index.
@@ -119,6 +121,34 @@ def read_gguf(path: str) -> tuple[dict, dict[str, np.ndarray]]:
             raise ValueError(f"{path}: unknown GGUF tensor {t.name}")
         state[name] = np.ascontiguousarray(w)
     return meta, state
+
+
+def load_gguf_model(path: str, *, dtype: str = "float32", mesh=None):
+    """Loads ``(cfg, model, tokenizer)`` from a Llama ``.gguf`` file.
+
+    Tensors are dequantized to float32 with the q/k RoPE permutation undone
+    (`read_gguf`), then mapped like a HF checkpoint; without an ``output``
+    tensor the embeddings are tied. The tokenizer is rebuilt from the GGUF
+    vocabulary (`tokenizer_from_gguf`).
+
+    Args:
+      path: the ``.gguf`` file.
+      dtype: "float32" or "bfloat16", parameter and compute dtype.
+      mesh: optional ``jax.sharding.Mesh``; parameters are placed by the
+        sharding rules.
+    Returns:
+      ``(ModelConfig, Transformer, HFTokenizer)``.
+    Raises:
+      ValueError: not a Llama GGUF, an unknown tensor, or weights that do not
+      match the config.
+    """
+    meta, state = read_gguf(path)
+    cfg = config_from_hf(hf_config_from_gguf(meta), dtype=dtype)
+    if "lm_head.weight" not in state:
+        cfg = cfg.replace(tie_word_embeddings=True)
+    tokenizer = tokenizer_from_gguf(meta, vocab_size=cfg.vocab_size)
+    model = build_model(cfg, params_from_hf(cfg, state), mesh=mesh)
+    return cfg, model, tokenizer
 
 
 def _f32(v) -> float:
@@ -244,12 +274,10 @@ def write_gguf(model, cfg, path: str, tokenizer) -> None:
     """
     import gguf
 
-    from sao.models import hf
-
     if cfg.arch != "llama":
         raise ValueError(f"GGUF export supports arch 'llama' only, got {cfg.arch!r}")
-    hf_cfg = hf.config_to_hf(cfg)
-    state = hf.params_to_hf(cfg, hf.model_params(model))
+    hf_cfg = config_to_hf(cfg)
+    state = params_to_hf(cfg, model_params(model))
     to_gguf = {v: k for k, v in _GLOBAL_NAMES.items()}
     layer_to_gguf = {v: k for k, v in _LAYER_NAMES.items()}
     w = gguf.GGUFWriter(path, "llama")

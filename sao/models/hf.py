@@ -1,10 +1,11 @@
 """Hugging Face format import/export: ``config.json`` + safetensors.
 
-`from_pretrained(path)` loads a HF directory (``model.safetensors`` or a
+`load_hf_model(path)` loads a HF directory (``model.safetensors`` or a
 sharded ``model.safetensors.index.json``) of ``Qwen3ForCausalLM``,
-``Qwen3MoeForCausalLM`` or ``LlamaForCausalLM``, or a Llama ``.gguf`` file
-(:mod:`sao.models.gguf_io`), and returns ``(cfg, model, tokenizer)``.
-`save_pretrained` writes the same HF layout back; it is how weights reach an
+``Qwen3MoeForCausalLM`` or ``LlamaForCausalLM`` and returns ``(cfg, model,
+tokenizer)``; ``sao.models.from_pretrained`` calls it for directories and
+:mod:`sao.models.gguf_io` (built on this module's mapping) for ``.gguf``
+files. `save_pretrained` writes the same HF layout back; it is how weights reach an
 SGLang fleet, so the files follow the Hub checkpoints (per-expert MoE
 tensors ``mlp.experts.{e}.gate_proj.weight``, ``lm_head.weight`` omitted when
 embeddings are tied).
@@ -21,9 +22,16 @@ import json
 import os
 from typing import Any, Iterator, Mapping
 
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
+from safetensors import safe_open
+from safetensors.flax import save_file
 
 from sao.models.config import ModelConfig
+from sao.models.sharding import shard_model
+from sao.models.tokenizer import load_hf_tokenizer, save_hf_tokenizer
+from sao.models.transformer import Transformer
 
 _ARCH_NAMES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
@@ -230,18 +238,12 @@ def params_to_hf(cfg: ModelConfig, params: Mapping[tuple, np.ndarray]) -> dict[s
 
 def model_params(model) -> dict[tuple, np.ndarray]:
     """``{path: numpy array}`` of every ``nnx.Param`` of ``model`` (gathered to host)."""
-    from flax import nnx
-
     return {tuple(path): np.asarray(var.get_value())
             for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
 def param_shapes(cfg: ModelConfig) -> dict[tuple, tuple[int, ...]]:
     """``{param path: shape}`` of `Transformer(cfg)`, without allocating it."""
-    from flax import nnx
-
-    from sao.models.transformer import Transformer
-
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     return {tuple(path): tuple(var.get_value().shape)
             for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
@@ -266,11 +268,6 @@ def build_model(cfg: ModelConfig, params: Mapping[tuple, np.ndarray], *, mesh=No
     (`sao.models.sharding.shard_model`). Raises ValueError on a missing path
     or a shape mismatch.
     """
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from sao.models.transformer import Transformer
-
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     flat = nnx.to_flat_state(state)
@@ -285,7 +282,6 @@ def build_model(cfg: ModelConfig, params: Mapping[tuple, np.ndarray], *, mesh=No
         var.set_value(jnp.asarray(params[path], dtype=cfg.jnp_param_dtype))
     model = nnx.merge(graphdef, nnx.from_flat_state(flat))
     if mesh is not None:
-        from sao.models.sharding import shard_model
         shard_model(model, mesh)
     return model
 
@@ -302,8 +298,6 @@ def load_hf_state(model_dir: str) -> dict[str, np.ndarray]:
 
     Raises FileNotFoundError if neither file exists.
     """
-    from safetensors import safe_open
-
     single = os.path.join(model_dir, SAFETENSORS)
     index = os.path.join(model_dir, SAFETENSORS_INDEX)
     if os.path.exists(single):
@@ -326,9 +320,6 @@ def save_hf_state(state: Mapping[str, np.ndarray], model_dir: str, *,
     """Writes tensors as ``model.safetensors``, or as
     ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json``
     when they exceed ``max_shard_bytes``. Returns the file names written."""
-    import jax.numpy as jnp
-    from safetensors.flax import save_file
-
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, w in state.items():
@@ -353,13 +344,12 @@ def save_hf_state(state: Mapping[str, np.ndarray], model_dir: str, *,
     return names
 
 
-def from_pretrained(path: str, *, dtype: str = "float32", mesh=None):
-    """Loads ``(cfg, model, tokenizer)`` from a HF directory or a ``.gguf`` file.
+def load_hf_model(path: str, *, dtype: str = "float32", mesh=None):
+    """Loads ``(cfg, model, tokenizer)`` from a HF directory.
 
     Args:
       path: directory with ``config.json`` and ``model.safetensors`` (or a
-        sharded index) for Qwen3 / Qwen3-MoE / Llama; or a Llama ``.gguf``
-        file (dequantized to float32, q/k RoPE permutation undone).
+        sharded index) for Qwen3 / Qwen3-MoE / Llama.
       dtype: "float32" or "bfloat16", parameter and compute dtype.
       mesh: optional ``jax.sharding.Mesh``; parameters are placed by the
         sharding rules.
@@ -370,25 +360,14 @@ def from_pretrained(path: str, *, dtype: str = "float32", mesh=None):
       FileNotFoundError: missing files; ValueError: unsupported architecture
       or weights that do not match the config.
     """
-    from sao.models.tokenizer import load_hf_tokenizer
-
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        from sao.models import gguf_io
-
-        meta, state = gguf_io.read_gguf(path)
-        cfg = config_from_hf(gguf_io.hf_config_from_gguf(meta), dtype=dtype)
-        if "lm_head.weight" not in state:
-            cfg = cfg.replace(tie_word_embeddings=True)
-        tokenizer = gguf_io.tokenizer_from_gguf(meta, vocab_size=cfg.vocab_size)
-    else:
-        cfg_path = os.path.join(path, "config.json")
-        if not os.path.exists(cfg_path):
-            raise FileNotFoundError(f"no config.json in {path}")
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = config_from_hf(json.load(f), dtype=dtype)
-        state = load_hf_state(path)
-        tokenizer = (load_hf_tokenizer(path, vocab_size=cfg.vocab_size)
-                     if os.path.exists(os.path.join(path, "tokenizer.json")) else None)
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise FileNotFoundError(f"no config.json in {path}")
+    with open(cfg_path, encoding="utf-8") as f:
+        cfg = config_from_hf(json.load(f), dtype=dtype)
+    state = load_hf_state(path)
+    tokenizer = (load_hf_tokenizer(path, vocab_size=cfg.vocab_size)
+                 if os.path.exists(os.path.join(path, "tokenizer.json")) else None)
     model = build_model(cfg, params_from_hf(cfg, state), mesh=mesh)
     return cfg, model, tokenizer
 
@@ -414,6 +393,4 @@ def save_pretrained(model, cfg: ModelConfig, path: str, tokenizer=None, *,
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_cfg, f, indent=2)
     if tokenizer is not None:
-        from sao.models.tokenizer import save_hf_tokenizer
-
         save_hf_tokenizer(tokenizer, path)

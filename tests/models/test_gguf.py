@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from sao.models import gguf_io, hf
+from sao.models import from_pretrained, gguf_io, hf
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import ByteTokenizer
 
@@ -32,7 +32,7 @@ def test_round_trip_is_exact(tmp_path, tied):
     meta, state = gguf_io.read_gguf(path)
     assert meta["general.architecture"] == "llama"
     assert ("lm_head.weight" in state) != tied
-    cfg2, model2, tok = hf.from_pretrained(path)
+    cfg2, model2, tok = from_pretrained(path)
     assert cfg2 == cfg
     a, b = hf.model_params(model), hf.model_params(model2)
     assert set(a) == set(b)

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from sao.models import hf
+from sao.models import from_pretrained, hf
 from sao.models.config import ModelConfig
 from sao.models.tokenizer import ByteTokenizer
 
@@ -40,7 +40,7 @@ def test_round_trip_is_exact(arch, tmp_path):
         hf_cfg = json.load(f)
     assert (hf_cfg["architectures"][0], hf_cfg["model_type"]) == HF_NAMES[arch]
     assert hf_cfg["eos_token_id"] == 258
-    cfg2, model2, tok = hf.from_pretrained(str(tmp_path))
+    cfg2, model2, tok = from_pretrained(str(tmp_path))
     assert cfg2 == cfg
     assert_same_params(model, model2)
     assert tok.encode("<answer>1</answer>") == [263, 49, 264]
@@ -55,7 +55,7 @@ def test_sharded_checkpoint(tmp_path):
     assert len(shards) > 2 and not (tmp_path / hf.SAFETENSORS).exists()
     assert all((tmp_path / s).exists() for s in shards)
     assert "model.layers.1.mlp.experts.2.down_proj.weight" in index["weight_map"]
-    cfg2, model2, tok = hf.from_pretrained(str(tmp_path))
+    cfg2, model2, tok = from_pretrained(str(tmp_path))
     assert cfg2 == cfg and tok is None
     assert_same_params(model, model2)
 
@@ -67,10 +67,10 @@ def test_bfloat16_round_trip_and_dtype_option(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     state = hf.load_hf_state(str(tmp_path))
     assert state["model.norm.weight"].dtype == ml_dtypes.bfloat16
-    cfg2, model2, _ = hf.from_pretrained(str(tmp_path), dtype="bfloat16")
+    cfg2, model2, _ = from_pretrained(str(tmp_path), dtype="bfloat16")
     assert cfg2 == cfg
     assert_same_params(model, model2)
-    _, model32, _ = hf.from_pretrained(str(tmp_path))  # default float32: exact upcast
+    _, model32, _ = from_pretrained(str(tmp_path))  # default float32: exact upcast
     w32 = hf.model_params(model32)[("embed", "embedding")]
     assert w32.dtype == np.float32
     np.testing.assert_array_equal(w32, hf.model_params(model)[("embed", "embedding")]
@@ -91,7 +91,7 @@ def test_weight_map_layouts():
 def test_errors(tmp_path):
     cfg = CONFIGS["qwen3"]
     with pytest.raises(FileNotFoundError, match="config.json"):
-        hf.from_pretrained(str(tmp_path))
+        from_pretrained(str(tmp_path))
     model = hf.build_model(cfg, hf.random_params(cfg, 0))
     hf.save_pretrained(model, cfg, str(tmp_path))
     state = hf.load_hf_state(str(tmp_path))
@@ -149,7 +149,7 @@ def test_load_onto_a_mesh(tmp_path):
     model = hf.build_model(cfg, hf.random_params(cfg, 6))
     hf.save_pretrained(model, cfg, str(tmp_path))
     mesh = make_mesh(fsdp=2, tensor=4, devices=jax.devices()[:8])
-    _, sharded, _ = hf.from_pretrained(str(tmp_path), mesh=mesh)
+    _, sharded, _ = from_pretrained(str(tmp_path), mesh=mesh)
     q = sharded.layers[0].attn.q_proj.kernel[...]
     assert q.sharding.mesh.shape == mesh.shape
     assert not q.sharding.is_fully_replicated

@@ -8,7 +8,7 @@ transformers = pytest.importorskip("transformers")
 
 import jax.numpy as jnp  # noqa: E402
 
-from sao.models import hf  # noqa: E402
+from sao.models import from_pretrained, hf  # noqa: E402
 from sao.models.config import ModelConfig  # noqa: E402
 from sao.models.tokenizer import ByteTokenizer  # noqa: E402
 
@@ -66,7 +66,7 @@ def test_transformers_checkpoint_imports_with_same_logits(arch, tmp_path):
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
     tm.save_pretrained(str(tmp_path))
-    cfg2, model, tok = hf.from_pretrained(str(tmp_path))
+    cfg2, model, tok = from_pretrained(str(tmp_path))
     assert cfg2 == cfg and tok is None
     toks = tokens(1)
     ours = np.asarray(model(jnp.asarray(toks, jnp.int32)))

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from sao.models import gguf_io, hf
+from sao.models import from_pretrained, gguf_io
 from sao.models.chat import encode_chat, template_from_jinja
 from sao.models.config import get_preset
 from sao.models.generate import generate
@@ -17,7 +17,7 @@ def test_smollm2_gguf_counts_and_answers():
         path = gguf_io.find_smollm2_gguf()
     except FileNotFoundError as e:  # must fail, not skip: the Makefile installs it
         pytest.fail(f"SmolLM2 GGUF not available: {e}")
-    cfg, model, tok = hf.from_pretrained(path)
+    cfg, model, tok = from_pretrained(path)
     assert cfg == get_preset("smollm2-135m")
     assert tok.vocab_size == cfg.vocab_size == 49152
     count = tok.encode("1, 2, 3, 4, 5,")
