@@ -41,7 +41,6 @@ import base64
 import collections
 import concurrent.futures
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -278,14 +277,6 @@ class Dispatcher:
                                              for b in state["buffer"])
             self._book.load_state_dict(state["leases"])
             self.metrics.load_state_dict(state.get("metrics", {}))
-
-    @staticmethod
-    def dumps_state(state: dict) -> bytes:
-        return json.dumps(state).encode()
-
-    @staticmethod
-    def loads_state(data: bytes) -> dict:
-        return json.loads(data)
 
     # -- link callbacks (link threads) -------------------------------------
     def latest_weights(self) -> tuple[int, str] | None:

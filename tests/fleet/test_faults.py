@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from sao.ckpt import Checkpointer, abstract_state
 from sao.fleet import sim
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig, FleetError
 from sao.fleet.local import ThreadedWorker
@@ -182,7 +183,7 @@ def test_corrupt_bytes_over_the_wire_are_counted_and_stream_survives():
     assert m["workers"][w.address]["connects"] == 1
 
 
-def test_learner_restart_resumes_from_state_dict():
+def test_learner_restart_resumes_from_state_dict(tmp_path):
     ps = prompts(40, length=40)
     source = iter(ps)   # the caller restores its prompt iterator (grain state) itself
     cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=3)
@@ -194,7 +195,11 @@ def test_learner_restart_resumes_from_state_dict():
             trained += d1.get_batch(timeout=30)
             d1.push_weights(2, "ckpt/2")
             wait_until(lambda: d1.snapshot()["queue_depth"] > 0)
-            state = Dispatcher.loads_state(Dispatcher.dumps_state(d1.state_dict()))
+            # As the run does: inside the checkpoint's data_state (JSON metadata).
+            train = {"step": np.zeros((), np.int32)}
+            with Checkpointer(str(tmp_path), async_save=False) as ckpt:
+                ckpt.save(1, train_state=train, data_state={"dispatcher": d1.state_dict()})
+                state = ckpt.restore(target=abstract_state(train)).data_state["dispatcher"]
         assert state["buffer"] and state["version"] == 2
         d2 = Dispatcher(addrs, source, cfg)
         d2.load_state_dict(state)
