@@ -32,23 +32,29 @@ from sao.types import Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class TurnFormat:
-    """How an action ends and how an observation is framed, in token ids.
+    """How an action ends (token ids) and how an observation is framed (text).
 
     Attributes:
       stop_token_ids: ids that end an engine turn (the env then reads it).
       terminal_token_ids: ids that end the whole episode whatever the env says.
-      observation_prefix / observation_suffix: ids put around the encoded
-        observation text (for chat models they also close the tool turn and
-        open the next assistant turn).
+      observation_prefix / observation_suffix: text put around the
+        observation (for chat models they also close the tool turn and open
+        the next assistant turn). The frame and the observation are encoded
+        as **one** string, as the chat template's rendering is tokenised: a
+        BPE pre-tokenizer merges whitespace across the seams (``"\n"`` +
+        ``"  391"`` is not ``"\n  391"``), so encoding them apart gives other
+        ids than the model saw in training for output with leading or
+        trailing whitespace.
     """
 
     stop_token_ids: tuple[int, ...]
     terminal_token_ids: tuple[int, ...] = ()
-    observation_prefix: tuple[int, ...] = ()
-    observation_suffix: tuple[int, ...] = ()
+    observation_prefix: str = ""
+    observation_suffix: str = ""
 
     def observation_tokens(self, tokenizer, text: str) -> list[int]:
-        return [*self.observation_prefix, *tokenizer.encode(text), *self.observation_suffix]
+        """Ids of the framed observation: ``encode(prefix + text + suffix)``."""
+        return tokenizer.encode(self.observation_prefix + text + self.observation_suffix)
 
 
 def byte_tool_format(tokenizer) -> TurnFormat:
@@ -58,22 +64,22 @@ def byte_tool_format(tokenizer) -> TurnFormat:
     return TurnFormat(
         stop_token_ids=(ids["</python>"], ids["</answer>"], tokenizer.eos_id),
         terminal_token_ids=(tokenizer.eos_id,),
-        observation_prefix=(ids["<output>"],),
-        observation_suffix=(ids["</output>"],))
+        observation_prefix="<output>", observation_suffix="</output>")
 
 
 def chatml_tool_format(tokenizer, *, role: str = "user") -> TurnFormat:
-    """ChatML models (Qwen3): a turn ends with ``<|im_end|>``; the observation
-    is a ``<tool_response>`` block in a ``role`` turn followed by an open
-    assistant turn. The environment parses the model's native tool calls."""
+    """ChatML models (Qwen3, SmolLM2): a turn ends with ``<|im_end|>``; the
+    observation is a ``<tool_response>`` block in a ``role`` turn followed by
+    an open assistant turn: exactly what Qwen3's chat template renders for a
+    ``tool`` message after an assistant tool call (the Hermes convention; a
+    plain ChatML template renders the same for a ``user`` message holding the
+    block). The environment parses the model's native tool calls."""
     end_of_turn = tokenizer.special_ids.get("<|im_end|>")
-    prefix = f"\n<|im_start|>{role}\n<tool_response>\n"
-    suffix = "\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     return TurnFormat(
         stop_token_ids=tuple(tokenizer.stop_ids),
         terminal_token_ids=tuple(i for i in tokenizer.stop_ids if i != end_of_turn),
-        observation_prefix=tuple(tokenizer.encode(prefix)),
-        observation_suffix=tuple(tokenizer.encode(suffix)))
+        observation_prefix=f"\n<|im_start|>{role}\n<tool_response>\n",
+        observation_suffix="\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
 class _Builder:
