@@ -7,7 +7,10 @@ per leased prompt, runs many concurrently, and streams finished trajectories
 back in completion order, packing whatever finished together into one message.
 ``UpdateWeights`` swaps the engine's weights while episodes run; their tokens
 record the version that produced them. Episode failures travel back as error
-values. Binds 127.0.0.1 unless told otherwise.
+values. Binds 127.0.0.1 unless told otherwise, and any other address only with
+a token (``sao.rpc.credentials.check_bind``). ``UpdateWeights`` loads only a
+newer version within ``max_version_jump`` of the served one, from a uri under
+``publish_root`` (``weights_request_error``); a refusal is an error value.
 
 Entry points: ``serve(...)`` (asyncio, returns a running ``WorkerServer``) and
 ``run(...)`` (blocking, for ``python -m sao.main --role rollout``).
@@ -18,6 +21,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import signal
 import time
 import uuid
@@ -26,11 +30,12 @@ from typing import Any, Awaitable, Callable
 import grpc
 
 from sao.rollout.base import Engine
-from sao.rpc import auth, codec, sao_pb2, sao_pb2_grpc
+from sao.rpc import auth, codec, credentials, sao_pb2, sao_pb2_grpc
 from sao.types import Trajectory
 
 EpisodeFn = Callable[[dict], Awaitable[Trajectory]]
 log = logging.getLogger(__name__)
+MAX_VERSION = 2**31 - 1  # tokens carry their policy version as int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +49,14 @@ class WorkerConfig:
         many prompts to the worker.
       max_batch_bytes: most serialized trajectory bytes per response message.
       worker_id: name in metrics (default: host:port).
-      security: token and TLS settings (``sao.rpc.auth.Security``).
+      security: token and TLS settings (``sao.rpc.auth.Security``); a token is
+        required unless ``host`` is loopback.
+      publish_root: directory the learner publishes weights under
+        (``sao.ckpt.publish``); ``UpdateWeights`` refuses uris outside it.
+        None: any uri (in-process fleets, tests).
+      max_version_jump: most versions one ``UpdateWeights`` may move ahead of
+        the served version (not checked before the first learner weights, while
+        the engine serves a negative version). None: no bound.
     """
 
     host: str = "127.0.0.1"
@@ -53,12 +65,54 @@ class WorkerConfig:
     max_batch_bytes: int = 64 * 1024 * 1024
     worker_id: str = ""
     security: auth.Security = auth.Security()
+    publish_root: str | None = None
+    max_version_jump: int | None = 100_000
 
     def __post_init__(self):
         if self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.max_batch_bytes < 1:
             raise ValueError(f"max_batch_bytes must be >= 1, got {self.max_batch_bytes}")
+        if self.max_version_jump is not None and self.max_version_jump < 1:
+            raise ValueError(f"max_version_jump must be >= 1, got {self.max_version_jump}")
+
+
+def _under(uri: str, root: str) -> bool:
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif "://" in uri or not uri:
+        return False
+    root, path = os.path.realpath(root), os.path.realpath(uri)  # symlinks and ".." resolved
+    return path != root and os.path.commonpath([root, path]) == root
+
+
+def weights_request_error(version: int, uri: str, *, served: int, served_uri: str | None,
+                          publish_root: str | None, max_version_jump: int | None) -> str | None:
+    """Why the worker refuses ``UpdateWeights(version, uri)``, or None to load it.
+
+    Args:
+      version, uri: the request.
+      served, served_uri: the version the engine serves and the uri it was
+        loaded from by ``UpdateWeights`` (None before the first one).
+      publish_root, max_version_jump: ``WorkerConfig`` fields.
+    Refused: a version outside ``[0, 2**31 - 1]``, older than ``served``, equal
+    to it from another uri (the same uri is an idempotent retry), more than
+    ``max_version_jump`` ahead of a served version >= 0; a uri that is not a
+    path (or ``file://`` uri) strictly under ``publish_root`` after resolving
+    symlinks and ``..``.
+    """
+    if not 0 <= version <= MAX_VERSION:
+        return f"version {version} outside [0, {MAX_VERSION}]"
+    if version < served:
+        return f"version {version} is older than the served {served}"
+    if version == served and uri != served_uri:
+        return f"version {version} is already served (not from {uri!r})"
+    if max_version_jump is not None and served >= 0 and version - served > max_version_jump:
+        return (f"version {version} is more than max_version_jump={max_version_jump} "
+                f"ahead of the served {served}")
+    if publish_root is not None and not _under(uri, publish_root):
+        return f"uri {uri!r} is not under the publish root {publish_root}"
+    return None
 
 
 def agent_episode_fn(engine: Engine, make_env: Callable[[], Any], tokenizer, sampling,
@@ -84,6 +138,8 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
         self.completed = 0
         self.failed = 0
         self.generated_tokens = 0
+        self.refused_updates = 0
+        self._served_uri: str | None = None
         self._t0 = time.monotonic()
         self._gate = asyncio.Semaphore(config.max_concurrency)
 
@@ -157,8 +213,19 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
                 task.cancel()
 
     async def UpdateWeights(self, request, context):
+        version, uri, served = int(request.version), request.uri, self.engine.version
+        error = weights_request_error(version, uri, served=served, served_uri=self._served_uri,
+                                      publish_root=self.config.publish_root,
+                                      max_version_jump=self.config.max_version_jump)
+        if error is None and version == served:  # the same (version, uri) again: loaded
+            return sao_pb2.UpdateWeightsResponse(ok=True, version=served)
         try:
-            await self.engine.load_weights(int(request.version), request.uri)
+            if error is not None:
+                self.refused_updates += 1
+                raise ValueError(f"refused: {error}")
+            await self.engine.load_weights(version, uri)
+            if self.engine.version == version:  # not superseded by a newer concurrent load
+                self._served_uri = uri
             return sao_pb2.UpdateWeightsResponse(ok=True, version=self.engine.version)
         except Exception as e:  # errors as values
             log.warning("load_weights(%s, %s) failed: %r", request.version, request.uri, e)
@@ -198,9 +265,11 @@ async def serve(engine: Engine, episode_fn: EpisodeFn, config: WorkerConfig = Wo
     """Starts a worker on the running asyncio loop; returns once it listens.
 
     ``servicer_cls`` swaps the service implementation (fault-injection tests).
-    Raises RuntimeError if the port cannot be bound.
+    Raises ValueError for a non-loopback ``host`` without a token
+    (``credentials.check_bind``), RuntimeError if the port cannot be bound.
     """
     sec = config.security
+    credentials.check_bind(config.host, sec)
     interceptors = [auth.TokenInterceptor(sec.token)] if sec.token else []
     server = grpc.aio.server(interceptors=interceptors, options=auth.server_options())
     servicer = servicer_cls(engine, episode_fn, config)
