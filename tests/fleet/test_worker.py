@@ -58,3 +58,63 @@ def test_staleness_lag_and_budget():
     assert staleness.max_in_flight(8, 0) == 8 and staleness.max_in_flight(8, 4) == 40
     with pytest.raises(ValueError):
         staleness.max_in_flight(0, 1)
+
+
+def _refusal(version, uri="/run/publish/v1/params", *, served=0, served_uri=None,
+             publish_root="/run/publish", max_version_jump=100):
+    from sao.fleet.worker import weights_request_error
+    return weights_request_error(version, uri, served=served, served_uri=served_uri,
+                                 publish_root=publish_root, max_version_jump=max_version_jump)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(version=2**62), "outside"), (dict(version=2**31), "outside"),
+    (dict(version=-1, served=-1), "outside"),
+    (dict(version=3, served=5), "older"),
+    (dict(version=5, served=5, served_uri="/run/publish/v5/params"), "already served"),
+    (dict(version=5, served=5), "already served"),
+    (dict(version=10**6), "max_version_jump"), (dict(version=101), "max_version_jump"),
+    (dict(version=1, uri="/etc/passwd"), "publish root"),
+    (dict(version=1, uri="/run/publish/../other/params"), "publish root"),
+    (dict(version=1, uri="/run/publishing/v1"), "publish root"),
+    (dict(version=1, uri="/run/publish"), "publish root"),
+    (dict(version=1, uri="gs://bucket/run/publish/v1"), "publish root"),
+    (dict(version=1, uri=""), "publish root"),
+])
+def test_weights_request_refusals(kwargs, match):
+    assert match in _refusal(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(version=1), dict(version=100), dict(version=2**31 - 1, served=-1),  # first weights
+    dict(version=1, uri="file:///run/publish/v1/params"),
+    dict(version=5, served=5, uri="/run/publish/v5", served_uri="/run/publish/v5"),  # a retry
+    dict(version=10**6, max_version_jump=None, publish_root=None, uri="mem://x"),
+])
+def test_weights_request_accepted(kwargs):
+    assert _refusal(**kwargs) is None
+
+
+def test_publish_root_resolves_symlinks(tmp_path):
+    root, outside = tmp_path / "publish", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "v1").symlink_to(outside)
+    assert "publish root" in _refusal(1, str(root / "v1" / "params"), publish_root=str(root))
+    assert _refusal(1, str(root / "v2" / "params"), publish_root=str(root)) is None
+
+
+def test_refused_update_is_an_error_value_and_changes_nothing():
+    with sim_worker(publish_root="/run/publish") as w, grpc.insecure_channel(w.address) as ch:
+        stub = sao_pb2_grpc.RolloutWorkerStub(ch)
+        update = lambda v, uri: stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=v, uri=uri),
+                                                   timeout=10)
+        r = update(2**62, "/run/publish/v/params")
+        assert not r.ok and r.version == 0 and r.error.startswith("ValueError: refused: version")
+        assert "publish root" in update(1, "/tmp/evil").error
+        assert update(1, "/run/publish/v1/params").ok
+        assert update(1, "/run/publish/v1/params") == sao_pb2.UpdateWeightsResponse(ok=True,
+                                                                                     version=1)
+        assert not update(1, "/run/publish/v1b/params").ok
+        assert w.engine.version == 1 and w.engine.weight_uris == ["/run/publish/v1/params"]
+        assert w.server.servicer.refused_updates == 3
