@@ -142,13 +142,15 @@ def sanitize(text: str) -> str:
 
 def render_tool_result(result: ToolResult, *, max_chars: int = 2000) -> str:
     """The observation text for a sandbox result: stdout, then stderr's tail,
-    then a note on timeout / truncation / exit status; at most ``max_chars``
+    then a note on timeout / truncation / CPU budget / exit status; at most ``max_chars``
     characters (head of stdout and tail of stderr are kept)."""
     notes = []
     if result.timed_out:
         notes.append("[timed out]")
     if result.truncated:
         notes.append("[output truncated]")
+    if result.cpu_exceeded:
+        notes.append("[CPU time limit exceeded]")
     if result.exit_code not in (0, None):
         notes.append(f"[exit status {result.exit_code}]")
     note = " ".join(notes)

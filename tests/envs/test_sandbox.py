@@ -10,35 +10,17 @@ import threading
 import time
 
 import pytest
+from sandbox_helpers import sandbox_pids
 
 from sao.envs import sandbox
 from sao.envs.sandbox import SandboxLimits, run_python, run_python_async
+from sao.envs.sandbox_launch import UIDS
 
 pytestmark = pytest.mark.skipif(
     not sandbox.sandbox_available(), reason=f"sandbox unavailable: {sandbox._probe()}")
 
-UID_BASE = sandbox._UIDS._base
 # The uids this test process hands out (other processes' sandboxes use other blocks).
-OUR_UIDS = range(UID_BASE + (os.getpid() % 10000) * sandbox._UIDS.slots,
-                 UID_BASE + (os.getpid() % 10000 + 1) * sandbox._UIDS.slots)
-
-
-def sandbox_pids():
-    """Pids of live processes (anywhere on the machine) owned by our sandbox uids."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) in OUR_UIDS:
-                            pids.append(int(entry))
-                        break
-        except OSError:
-            continue
-    return pids
+OUR_UIDS = UIDS.uids_of(os.getpid())
 
 
 def assert_no_leftovers():

@@ -4,15 +4,17 @@ The hostile-code proofs in test_sandbox.py skip when the machine forbids
 namespaces; this file makes such a skip an explicit choice
 (``SAO_ALLOW_NO_SANDBOX=1``) instead of a silent pass, and checks the case that
 once hid the interpreter: a virtual environment living under /tmp (which the
-sandbox replaces with its own private /tmp).
+sandbox replaces with its own private /tmp), and how the host's own mounts
+look inside (a separate world-writable mount, sockets in /run).
 """
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
-from sao.envs import sandbox
+from sao.envs import sandbox, sandbox_launch
 
 
 def test_sandbox_available_or_explicitly_waived():
@@ -35,7 +37,7 @@ def test_interpreter_in_a_venv_under_tmp(tmp_path):
     lines = result.stdout.splitlines()
     # The venv runs from its read-only mount outside the working directory;
     # the rest of the host /tmp is hidden and the program sees only its files.
-    assert lines[:3] == [sandbox._KEPT_MOUNT, "False", "['main.py'] /tmp"], result
+    assert lines[:3] == [sandbox_launch.KEPT_MOUNT, "False", "['main.py'] /tmp"], result
     assert result.exit_code != 0 and "Errno" in result.stderr  # the kept venv is read-only
 
 
@@ -65,3 +67,39 @@ def test_host_unix_socket_in_run_is_hidden():
         server.close()
         if os.path.exists(path):
             os.unlink(path)
+
+
+@pytest.fixture
+def world_writable_mount():
+    """A tmpfs mounted on a fresh directory outside /tmp, mode 1777 (a separate
+    mount, as a data disk or a bind mount would be); needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    path = tempfile.mkdtemp(prefix="sao-test-mount-", dir="/mnt" if os.path.isdir("/mnt") else "/")
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", path],
+                       check=True, capture_output=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["umount", path], check=True)
+    finally:
+        os.rmdir(path)
+
+
+@pytest.mark.skipif(not sandbox.sandbox_available(), reason="sandbox unavailable")
+def test_separate_mounts_are_read_only_inside(world_writable_mount):
+    target = os.path.join(world_writable_mount, "evil")
+    open(os.path.join(world_writable_mount, "probe"), "w").close()  # control: writable outside
+    code = ("import os, subprocess\n"
+            f"print(os.path.exists({world_writable_mount + '/probe'!r}))\n"
+            f"try:\n    open({target!r}, 'w').write('x')\n    print('WROTE')\n"
+            "except OSError as e:\n    print('blocked', e.errno)\n"
+            # Device nodes on the read-only /dev still work.
+            "open('/dev/null', 'w').write('x')\n"
+            "print(len(open('/dev/urandom', 'rb').read(4)))\n"
+            "print(subprocess.run(['true'], stdout=subprocess.DEVNULL).returncode)\n")
+    res = sandbox.run_python(code, timeout_s=20)
+    assert res.stdout.split("\n")[:2] == ["True", "blocked 30"], res    # 30 = EROFS
+    assert res.ok and res.stdout.split("\n")[2:4] == ["4", "0"], res
+    assert not os.path.exists(target)
