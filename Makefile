@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 WORKDIR ?= runs/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: venv run test bench clean sglang-venv
+.PHONY: venv run test bench clean sglang-venv sglang-real-venv
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PY311) -m venv $(VENV)
@@ -39,6 +39,22 @@ sglang-venv:
 	  $(SGLANG_VENV)/bin/pip install -q -U pip; \
 	  $(SGLANG_VENV)/bin/pip install -q 'sglang-jax[cpu]==0.1.0rc0'; \
 	  touch $(SGLANG_STAMP); fi
+
+# The real SGLang server (PyTorch, CPU engine) for its integration tests:
+# installed once per machine into a cache outside the clone (~11 GB, minutes),
+# shared by every clone. Override SGLANG_REAL_VENV to put it elsewhere.
+# tests/rollout/sglang_real.py finds it through the same default.
+SGLANG_REAL_VERSION ?= 0.5.23
+SGLANG_REAL_VENV    ?= $(HOME)/.cache/sao/sglang-$(SGLANG_REAL_VERSION)
+SGLANG_REAL_STAMP   := $(SGLANG_REAL_VENV)/.installed
+
+sglang-real-venv: $(SGLANG_REAL_STAMP)
+
+$(SGLANG_REAL_STAMP):
+	test -x $(SGLANG_REAL_VENV)/bin/python || $(PY311) -m venv $(SGLANG_REAL_VENV)
+	$(SGLANG_REAL_VENV)/bin/pip install -q -U pip
+	$(SGLANG_REAL_VENV)/bin/pip install -q 'sglang==$(SGLANG_REAL_VERSION)'
+	touch $@
 
 bench: $(STAMP)
 	$(PY) benchmarks/gae.py

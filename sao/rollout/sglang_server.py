@@ -1,11 +1,14 @@
 """Launch, wait for and stop an SGLang server process (for tests and workers).
 
+Two servers speak the same HTTP API: sglang-jax (``sgl_jax.launch_server``,
+JAX on CPU/TPU) and SGLang (``sglang.launch_server``, PyTorch on GPU, or on
+CPU with its CPU engine: ``TORCH_CPU_ARGS``, ``SGLANG_USE_CPU_ENGINE=1``).
 Readiness is the server's own log line "The server is fired up and ready to
-roll!" plus ``GET /health``: the CPU server (sglang-jax) answers /health
-before its warm-up request finished and a request sent then can crash it.
-The server runs in its own process group, and ``stop`` ends the whole group
-(SIGTERM, then SIGKILL after ``stop_timeout_s``): the server forks a scheduler
-and a detokenizer that must not outlive it.
+roll!" (both print it) plus ``GET /health``: the CPU server (sglang-jax)
+answers /health before its warm-up request finished and a request sent then
+can crash it. The server runs in its own process group, and ``stop`` ends
+the whole group (SIGTERM, then SIGKILL after ``stop_timeout_s``): the server
+forks a scheduler and a detokenizer that must not outlive it.
 """
 from __future__ import annotations
 
@@ -25,6 +28,13 @@ JAX_CPU_ARGS: tuple[str, ...] = (
     "--max-total-tokens", "4096", "--max-running-requests", "16",
     "--precompile-token-paddings", "64", "512", "--precompile-bs-paddings", "1", "8", "16")
 
+# SGLang (PyTorch) on CPU (docs/rollout.md): its CPU engine with torch-native
+# attention in float32, and a KV pool sized for tests (by default it takes
+# ~70% of free memory: 12 GB and 45 s of allocation for a tiny model).
+TORCH_CPU_ARGS: tuple[str, ...] = (
+    "--device", "cpu", "--dtype", "float32", "--disable-overlap-schedule",
+    "--max-total-tokens", "4096", "--max-running-requests", "16")
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
@@ -40,21 +50,24 @@ class SGLangServer:
       model_path: HF model directory (config.json + safetensors).
       python: interpreter of the SGLang environment (e.g. ``.venv-sglang/bin/python``).
       module: ``"sgl_jax.launch_server"`` (JAX/CPU/TPU) or ``"sglang.launch_server"``
-        (PyTorch/GPU); both speak the same HTTP API.
+        (PyTorch: GPU, or CPU with ``TORCH_CPU_ARGS``); both speak the same HTTP API.
       args: extra launch flags (default ``JAX_CPU_ARGS`` for sgl_jax, none otherwise).
       host, port: where it listens (default a free port on 127.0.0.1).
       log_path: file receiving the server's stdout+stderr (default beside nothing:
         ``/tmp/sglang-<port>.log``).
-      env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for sgl_jax);
+      env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for
+        sgl_jax, ``SGLANG_USE_CPU_ENGINE=1`` for sglang with ``--device cpu``);
         the caller's ``XLA_FLAGS`` are not passed on unless given here.
+      python_path: directories put first on the server's ``PYTHONPATH``
+        (before the caller's), e.g. a module that must shadow an installed one.
       ready_timeout_s: how long ``start`` waits for readiness.
     """
 
     def __init__(self, model_path: str, *, python: str, module: str = "sgl_jax.launch_server",
                  args: Sequence[str] | None = None, host: str = "127.0.0.1",
                  port: int | None = None, log_path: str | None = None,
-                 env: dict[str, str] | None = None, ready_timeout_s: float = 300.0,
-                 stop_timeout_s: float = 20.0):
+                 env: dict[str, str] | None = None, python_path: Sequence[str] = (),
+                 ready_timeout_s: float = 300.0, stop_timeout_s: float = 20.0):
         self.model_path = model_path
         self.python = python
         self.module = module
@@ -64,8 +77,11 @@ class SGLangServer:
         self.port = port or free_port()
         self.log_path = log_path or f"/tmp/sglang-{self.port}.log"
         self.env = dict(env or {})
+        self.python_path = tuple(str(p) for p in python_path)
         if module.startswith("sgl_jax"):
             self.env.setdefault("JAX_PLATFORMS", "cpu")
+        elif _flag_value(self.args, "--device") == "cpu":
+            self.env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -80,6 +96,17 @@ class SGLangServer:
                 "--host", self.host, "--port", str(self.port), "--skip-tokenizer-init",
                 *self.args]
 
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the caller's without ``XLA_FLAGS`` (e.g. 8
+        fake CPU devices in tests are not the server's), plus ``env``, with
+        ``python_path`` in front of ``PYTHONPATH``."""
+        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+        env.update(self.env)
+        if self.python_path:
+            env["PYTHONPATH"] = os.pathsep.join(
+                [*self.python_path, *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
     def start(self) -> None:
         """Starts the server and blocks until it is ready.
 
@@ -88,12 +115,10 @@ class SGLangServer:
         """
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"server already running (pid {self.proc.pid})")
-        # The client's XLA_FLAGS (e.g. 8 fake CPU devices in tests) are not the server's.
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**env, **self.env}, start_new_session=True)
+                env=self.environment(), start_new_session=True)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -160,6 +185,17 @@ class SGLangServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag v`` or ``--flag=v``; last wins)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def process_group_alive(pgid: int) -> bool:
