@@ -6,6 +6,7 @@ Experiment files call :func:`base` and state only what differs, then
 * ``model``      which policy / critic network and how it is placed on devices;
 * ``learner``    actor-side keys of ``sao.learner.LearnerConfig`` (batch, advantages, loss, actor optimiser);
 * ``critic``     critic-side keys of ``LearnerConfig`` (K, warm-up, frozen attention, value pretraining);
+* ``train``      the learner process's keys outside ``LearnerConfig`` (value pretraining data, running mean);
 * ``rollout``    engine, sampling, fleet size, staleness bound, weight pushes;
 * ``env``        tasks, tool format and sandbox limits;
 * ``data``       prompt splits and seeds;
@@ -14,10 +15,12 @@ Experiment files call :func:`base` and state only what differs, then
 * ``checkpoint`` orbax checkpoints and fleet publishes;
 * ``run``        total steps, logging.
 
-``learner`` and ``critic`` hold ``LearnerConfig``'s keys plus two keys the
-driver reads (``running_mean_window``, ``running_mean_scope``, ``value_pretrain_trajectories``);
-``sao.build.learner_config(cfg)`` merges them and adds ``temperature`` =
-``rollout.temperature`` (log-probs at the sampling temperature).
+``learner`` and ``critic`` are made from ``LearnerConfig``'s defaults
+(``sao.learner.config.experiment_groups``), so the two cannot disagree;
+``sao.components.learner_config(cfg)`` merges them back and adds ``temperature``
+= ``rollout.temperature`` (log-probs at the sampling temperature) and ``seed``.
+``train`` holds what the learner process reads outside ``LearnerConfig`` (value
+pretraining data, the running-mean baseline).
 ``model.preset`` names a ``sao.models.get_preset`` preset; full-scale presets are Qwen3 models served
 by an SGLang fleet (``rollout.engine = "sglang"``) on TPU / GPU meshes.
 """
@@ -25,12 +28,10 @@ from __future__ import annotations
 
 import ml_collections
 
-# Full-scale settings of the paper's main run (Qwen3-30B-A3B, math with a Python tool).
+from sao.learner.config import experiment_groups
+
+# Full-scale batch of the paper's main run (Qwen3-30B-A3B, math with a Python tool).
 PAPER_BATCH = 128          # trajectories per learner step, one per prompt
-PAPER_ACTOR_LR = 1e-6
-PAPER_CRITIC_LR = 5e-6
-# Frozen-attention critic: parameter paths of attention blocks (sao.models param tree).
-ATTENTION_REGEX = r"^layers/\d+/attn/"
 
 
 def base() -> ml_collections.ConfigDict:
@@ -52,53 +53,21 @@ def base() -> ml_collections.ConfigDict:
     m.mesh.tensor = 1                     # tensor-parallel axis size
     m.mesh.expert = 1                     # expert-parallel axis size (MoE)
 
-    # --- learner (actor side of LearnerConfig) ------------------------------------
-    c.learner = l = ml_collections.ConfigDict()
+    # --- learner / critic: LearnerConfig's fields with its defaults (each one is documented in
+    # sao/learner/config.py: the paper's SAO settings); here only what full scale sets otherwise.
+    c.learner, c.critic = experiment_groups()
+    l = c.learner
     l.batch_size = PAPER_BATCH            # B trajectories per step, B distinct prompts (paper 128)
     l.length_buckets = (4096, 8192, 16384, 32768)  # padded sequence lengths T (one compile each)
     l.micro_batch_size = 8                # rows per gradient-accumulation micro-batch (0 = whole batch)
     l.pad_id = 0                          # padding id (set from the tokenizer in finalize)
-    l.advantage_estimator = "gae"         # "gae" (critic, skip-observation GAE) | "grpo"
-    l.gamma = 1.0                         # discount per action token [ours]
-    l.alpha = 1.5                         # length-adaptive λ_policy = 1 - 1/(α·l) (VAPO)
-    l.lam_policy = -1.0                   # fixed actor λ; -1 = length-adaptive
-    l.whiten_advantages = False           # batch whitening of advantages [ours: off]
-    l.truncation = "terminal"             # finish="length": "terminal" | "drop"
-    l.policy_loss = "sao_dis"             # sao.algo registry: DIS, paper Eq. 1-3
-    l.eps_low = 0.3                       # DIS band lower: ratio > 0.7 (math / tool)
-    l.eps_high = 5.0                      # DIS band upper: ratio < 6.0 (math / tool)
-    l.loss_agg_mode = "token-mean"        # global token mean over the batch
-    l.kl_coef = 0.0                       # no KL term in SAO
-    l.kl_estimator = "k3"                 # used only when kl_coef > 0
-    l.entropy_coef = 0.0                  # no entropy bonus in SAO
-    l.actor_lr = PAPER_ACTOR_LR           # peak actor learning rate (paper 1e-6)
-    l.actor_schedule = "constant"         # actor LR schedule
-    l.lr_warmup_steps = 0                 # linear LR warm-up (optimiser updates)
-    l.lr_decay_steps = 1000               # decay length for cosine / linear schedules
-    l.max_grad_norm = 1.0                 # global-norm gradient clipping
-    l.weight_decay = 0.0                  # AdamW decay (never on norms / biases / embeddings)
-    l.adam_b1 = 0.9                       # Adam β1
-    l.adam_b2 = 0.999                     # Adam β2
-    l.adam_eps = 1e-8                     # Adam ε
-    l.actor_freeze_regex = ""             # actor params to freeze ("" = none)
-    l.shard_check = "warn"                # large replicated params on a multi-device mesh
-    l.shard_check_min_size = 2 ** 20      # elements above which a param must be sharded
-    l.deterministic = True                # bit-reproducible steps
-    l.running_mean_window = 8             # running-mean baseline: rewards kept per prompt (driver-side)
-    l.running_mean_scope = "prompt"       # running-mean slots: "prompt" (one per prompt) | "global" (one)
+    l.deterministic = True                # bit-reproducible steps (full_scale turns it off)
 
-    # --- critic (critic side of LearnerConfig) ------------------------------------
-    c.critic = k = ml_collections.ConfigDict()
-    k.critic_steps = 2                    # K critic updates per policy update (paper 2)
-    k.critic_warmup_steps = 10            # first steps train only the critic (paper 10)
-    k.lam_critic = 1.0                    # λ of critic targets: Monte-Carlo returns
-    k.value_clip = 0.0                    # value clipping range (0 = off)
-    k.critic_freeze_regex = ATTENTION_REGEX  # frozen-attention critic: only MLP/MoE + head train
-    k.critic_lr = PAPER_CRITIC_LR         # critic learning rate (paper 5e-6)
-    k.critic_schedule = "constant"        # critic LR schedule
-    k.value_pretrain_ev = 0.8             # value pretraining stops at this explained variance ...
-    k.value_pretrain_steps = 100          # ... or after this many critic steps (0 = skip)
-    k.value_pretrain_trajectories = 512   # trajectories sampled from the initial policy for it
+    # --- train: the learner process's own knobs (sao.train), outside LearnerConfig ------
+    c.train = t = ml_collections.ConfigDict()
+    t.value_pretrain_trajectories = 512   # trajectories of the initial policy the critic is pretrained on
+    t.running_mean_window = 8             # running-mean baseline: rewards kept per slot
+    t.running_mean_scope = "prompt"       # running-mean slots: "prompt" (one per prompt) | "global" (one)
 
     # --- rollout -------------------------------------------------------------
     c.rollout = r = ml_collections.ConfigDict()
@@ -133,6 +102,7 @@ def base() -> ml_collections.ConfigDict:
     e.tool_memory_mb = 1024               # sandbox address space per call
     e.max_observation_chars = 2000        # tool output shown to the policy
     e.drift_schedule = ()                 # online env: learner steps where the rewarded style switches
+    e.judge = "rule"                      # online env judge: "rule" | an OpenAI-compatible endpoint URL
     e.drift_recovery_fraction = 0.9       # summary: reward fraction (of the pre-switch level) that counts as adapted
     e.drift_recovery_window = 3           # summary: policy versions averaged before/after a switch
 
@@ -189,7 +159,7 @@ def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.critic.critic_lr = 1e-3
     c.critic.critic_warmup_steps = 2
     c.critic.value_pretrain_steps = 20
-    c.critic.value_pretrain_trajectories = 64
+    c.train.value_pretrain_trajectories = 64
     c.rollout.engine = "jax"
     c.rollout.num_workers = 2
     c.rollout.max_concurrency = 16

@@ -24,24 +24,21 @@ def get_config(arg=None):
     variant = common.parse_variant(arg, VARIANTS, "qwen3_8b")
     c = common.base()
     c.name = "online_drift"
-    c.env.tasks = ("drift/basic_arithmetic",)   # arithmetic graded x answer style, style drifts
-    c.env.drift_schedule = (150, 300)        # learner steps where the preferred style switches
-    c.env.judge = "rule"                     # "rule" | an OpenAI-compatible endpoint URL
-    c.env.adaptation_level = 0.5             # reward level that counts as "recovered" after a switch
-    c.run.steps = 450                        # three style phases of 150 steps
     if variant.endswith("running_mean"):
         c.name = "online_drift_running_mean"
         c.learner.advantage_estimator = "running_mean"
-        c.learner.running_mean_window = 128  # online: last 128 rewards overall
-        c.learner.running_mean_scope = "global"
+        c.train.running_mean_window = 128    # online: last 128 rewards overall
+        c.train.running_mean_scope = "global"
         c.critic.critic_steps = 0
         c.critic.critic_warmup_steps = 0
         c.critic.value_pretrain_steps = 0
     if variant.startswith("cpu"):
         c = common.cpu(c)
-        c.env.tasks = ("drift/basic_arithmetic",)
-        c.env.drift_schedule = (10, 20)
-        c.run.steps = 30
+        c.env.drift_schedule = (10, 20)      # learner steps where the preferred style switches
+        c.run.steps = 30                     # three style phases of 10 steps
     else:
         c = common.full_scale(c, variant.replace("_running_mean", ""))
+        c.env.drift_schedule = (150, 300)
+        c.run.steps = 450                    # three style phases of 150 steps
+    c.env.tasks = ("drift/basic_arithmetic",)   # arithmetic graded x answer style, style drifts
     return common.finalize(c)

@@ -28,18 +28,16 @@ def get_config(arg=None):
     c = common.cpu(common.base())
     c.name = "quickstart"
     c.seed = int(variant)                    # init, sampling and prompt order
-    # model: the tiny preset (d=128, 2 layers, 0.43M params), byte-level tokenizer.
+    # From common.cpu(): the tiny preset (d=128, 2 layers, 0.43M params), byte-level tokenizer,
+    # 10% of the prompts held out, 200 of them evaluated every 10 steps, 30 steps.
     # learner / critic: SAO as in the paper, scaled for a tiny model.
     c.learner.batch_size = 32                # trajectories per step, one per prompt
     c.learner.length_buckets = (128,)        # every quick-start episode fits in 128 tokens
     c.learner.actor_lr = 2e-4                # tiny model: larger steps than 30B (1e-3 wrecked the SFT skills)
-    c.critic.critic_lr = 1e-3
-    c.critic.critic_warmup_steps = 2         # the critic is value-pretrained already
     c.critic.value_pretrain_steps = 30       # critic steps of value pretraining (max)
     c.critic.value_pretrain_ev = 0.5         # ... or until this explained variance
-    c.critic.value_pretrain_trajectories = 128
-    # rollout: 2 local worker processes, JAX engine, one tool call at most.
-    c.rollout.num_workers = 2
+    c.train.value_pretrain_trajectories = 128  # samples of the SFT policy it is fitted on
+    # rollout: cpu()'s 2 local worker processes with the JAX engine; short episodes.
     c.rollout.max_concurrency = 32
     c.rollout.engine_slots = 32
     c.rollout.max_len = 128
@@ -49,8 +47,6 @@ def get_config(arg=None):
     # env: "Calculate 37 + 45 * 2." style prompts, question only, tags tool format.
     c.env.max_tool_calls = 1
     c.env.task_config.basic_arithmetic.max_terms = 2   # short expressions: easy to copy into the tool call
-    c.env.task_size = 4000
-    c.data.heldout_fraction = 0.1            # ~400 held-out prompts
     # sft: half of the demonstrations call the tool (copying the expression and
     # the tool's output needs that many examples); the other half answer directly.
     c.sft.steps = 1000                       # 500 steps: 10% held-out pass@1; 1000: ~45%
@@ -58,10 +54,4 @@ def get_config(arg=None):
     c.sft.lr = 3e-3
     c.sft.num_demos = 8000
     c.sft.tool_fraction = 0.5
-    c.sft.max_len = 128
-    # eval / checkpoint / run
-    c.eval.every = 10
-    c.eval.num_prompts = 200
-    c.checkpoint.every = 10
-    c.run.steps = 30
     return common.finalize(c)

@@ -22,22 +22,19 @@ def get_config(arg=None):
     c.name = "sao_coding"
     c.learner.eps_low = 0.8                  # coding band: ratio in (0.2, 4.0)
     c.learner.eps_high = 3.0
-    c.env.tasks = ("humaneval",)             # 164 tasks, tests run in the sandbox
-    c.env.grader = "tests"                   # reward 1 when all tests pass
-    c.env.max_tool_calls = 8                 # the agent may run code before answering
-    c.env.tool_timeout_s = 20.0              # test suites need longer
-    c.data.heldout_fraction = 0.2            # 164 tasks: ~33 held out
     if variant == "cpu":
         c = common.cpu(c)
-        c.env.tasks = ("humaneval",)
-        c.env.grader = "tests"
         c.learner.length_buckets = (1024, 2048)
         c.rollout.max_len = 2048             # HumanEval prompts are long (bytes)
         c.rollout.max_new_tokens = 64
-        c.data.heldout_fraction = 0.2
         c.sft.steps = 0                      # no demonstrations for code
         c.eval.num_prompts = 16
         c.run.steps = 2
     else:
         c = common.full_scale(c, variant)
+        c.env.max_tool_calls = 8             # the agent may run code before answering
+        c.env.tool_timeout_s = 20.0          # test suites need longer
+    c.env.tasks = ("humaneval",)             # 164 tasks, tests run in the sandbox
+    c.env.grader = "tests"                   # reward 1 when all tests pass
+    c.data.heldout_fraction = 0.2            # 164 tasks: ~33 held out
     return common.finalize(c)

@@ -4,7 +4,7 @@
 
 Each worker is ``python -m sao.main --role=rollout`` on its own port; the
 learner is ``--role=learner`` with ``rollout.worker_addresses`` set to them.
-(``--role=all`` does the same wiring inside one command: ``sao.run``.)
+(``--role=all`` does the same inside one command: ``sao.workers.local_fleet``.)
 """
 from __future__ import annotations
 

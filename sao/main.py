@@ -1,4 +1,4 @@
-"""Command-line entry point: flags only; the work is ``sao.run``.
+"""Command-line entry point: flags only; the work is ``sao.train`` and ``sao.workers``.
 
     python -m sao.main --config=experiments/quickstart.py --workdir=runs/quickstart
     python -m sao.main --config=experiments/sao_math.py:cpu --config.run.steps=5 --workdir=runs/x
@@ -16,6 +16,8 @@ import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from sao import train, workers
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiment file and variant: experiments/<file>.py[:variant]",
@@ -59,16 +61,16 @@ def _add_experiments_root(argv: list[str]) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from sao import run
     cfg, workdir = _CONFIG.value, _WORKDIR.value
     if _ROLE.value == "rollout":
-        run.rollout_worker(cfg, workdir, host=_HOST.value, port=_PORT.value,
-                           worker_index=_WORKER_INDEX.value, sglang_url=_SGLANG_URL.value,
-                           address_file=_ADDRESS_FILE.value)
+        workers.serve(cfg, workdir, host=_HOST.value, port=_PORT.value,
+                      worker_index=_WORKER_INDEX.value, sglang_url=_SGLANG_URL.value,
+                      address_file=_ADDRESS_FILE.value)
     elif _ROLE.value == "learner":
-        run.learner(cfg, workdir)
+        train.train(cfg, workdir, addresses=workers.configured_addresses(cfg))
     else:
-        run.run_all(cfg, workdir, config_argv=_config_argv(sys.argv[1:]))
+        with workers.local_fleet(cfg, workdir, _config_argv(sys.argv[1:])) as addresses:
+            train.train(cfg, workdir, addresses=addresses)
 
 
 def _run(default_role: str) -> None:

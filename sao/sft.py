@@ -1,7 +1,7 @@
 """Supervised warm start: next-token cross-entropy on demonstrations' action tokens.
 
 The quick start warm-starts its tiny policy on tool-integrated demonstrations
-(sao/data/sft.py) before RL. The loss is the mean negative log-likelihood of
+(sao/data/demonstrations.py) before RL. The loss is the mean negative log-likelihood of
 the action tokens (``loss_mask``), computed with ``sao.models.token_logprobs``
 (the same f32 head / log-softmax the learner uses). Padded batches use at most
 two lengths (``short_len`` and ``max_len``), so the step compiles at most twice.
@@ -21,9 +21,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
-from sao.data.sft import SFTArrays
+from sao import ckpt
+from sao.data.demonstrations import SFTArrays
 from sao.models import token_logprobs
 
 RESULT_FILE = "result.json"
@@ -50,7 +52,7 @@ def train_sft(model, data: SFTArrays, *, steps: int, batch_size: int, lr: float,
 
     Args:
       model: a ``sao.models.Transformer``.
-      data: tokenised demonstrations (``sao.data.sft.tokenize_demonstrations``).
+      data: tokenised demonstrations (``sao.data.demonstrations.tokenize_demonstrations``).
       steps, batch_size: optimiser steps and rows per step (sampled with replacement).
       lr: peak learning rate; ``warmup_steps`` linear warm-up.
       short_len: batches whose rows all fit are cut to this length (fewer FLOPs).
@@ -82,7 +84,6 @@ def train_sft(model, data: SFTArrays, *, steps: int, batch_size: int, lr: float,
 
 def load_params(model, uri: str) -> None:
     """Loads a params-only orbax checkpoint (``sao.ckpt.publish`` layout) into ``model`` in place."""
-    import orbax.checkpoint as ocp
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, nnx.state(model, nnx.Param))
     with ocp.StandardCheckpointer() as ckptr:
         nnx.update(model, ckptr.restore(os.path.abspath(uri), abstract))
@@ -93,7 +94,6 @@ def cached_sft(model, workdir: str, make_data: Callable[[], SFTArrays], **train_
 
     Returns the training result (with ``"sft/cached": True`` when loaded).
     """
-    from sao import ckpt
     directory = os.path.join(workdir, "sft")
     result_path = os.path.join(directory, RESULT_FILE)
     latest = ckpt.latest_published(directory)

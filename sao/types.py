@@ -30,11 +30,15 @@ class Trajectory:
       reward: scalar outcome reward; the learner places it on the last action
         token.
       finish: ``"stop"`` (terminal), ``"length"`` (truncated) or ``"error"``.
-      prompt_id: id of the prompt (one trajectory per prompt per lease).
+      prompt_id: id of the prompt record it answers (the same in every epoch).
       trajectory_id: unique id of this trajectory.
       metadata: JSON-serialisable environment facts (task name, correctness,
         number of tool calls, ...).
       timings: wall-clock seconds of phases (``generate_s``, ``tool_s``, ...).
+      epoch: pass over the prompt set in which the prompt was issued (>= 0).
+      group: index of this rollout among the ``group_size`` rollouts of its
+        prompt in that epoch (GRPO groups); 0 with one rollout per prompt.
+        ``(prompt_id, epoch)`` names a group, ``(prompt_id, epoch, group)`` one issue.
     """
 
     tokens: np.ndarray
@@ -47,6 +51,8 @@ class Trajectory:
     trajectory_id: str
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    epoch: int = 0
+    group: int = 0
 
     def __post_init__(self):
         tokens = np.asarray(self.tokens)
@@ -61,6 +67,7 @@ class Trajectory:
         self.rollout_logprobs = np.asarray(self.rollout_logprobs, dtype=np.float32)
         self.policy_version = np.asarray(self.policy_version, dtype=np.int32)
         self.reward = float(self.reward)
+        self.epoch, self.group = int(self.epoch), int(self.group)
 
     @property
     def length(self) -> int:

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_main_support import run_main, tiny_run  # noqa: E402
 
-from sao import main as sao_main, metrics  # noqa: E402
+from sao import main as sao_main, run_metrics  # noqa: E402
 
 
 def test_config_argv_is_forwarded_to_workers():
@@ -33,7 +33,7 @@ def test_tiny_run_end_to_end_and_resume():
     assert summary["steps"] == 2 and summary["trajectories"] == 16
     assert 0.0 <= summary["accuracy_after"] <= 1.0
     assert "SAO run summary" in proc.stdout
-    recs = [r for r in metrics.read_metrics(workdir) if r["phase"] == "rl"]
+    recs = [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"]
     steps = [r["step"] for r in recs]
     assert steps == [0, 1, 2]                      # eval before RL, then one record per step
     assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[1]
@@ -52,4 +52,4 @@ def test_tiny_run_end_to_end_and_resume():
     assert "SFT loaded from cache" in proc.stdout and "resumed at step 2" in proc.stdout
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["steps"] == 3 and summary["trajectories"] == 24
-    assert [r["step"] for r in metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]
+    assert [r["step"] for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]

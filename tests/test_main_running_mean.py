@@ -1,6 +1,6 @@
 """End to end: ``python -m sao.main`` on the running-mean baseline (``experiments/running_mean.py:cpu``).
 
-Single rollout per prompt, no critic: the driver's ``RunningMeanBaseline`` gives the
+Single rollout per prompt, no critic: the RL loop's ``RunningMeanBaseline`` gives the
 learner per-row advantages (``advantage_estimator="given"``); its state is checkpointed.
 """
 import json
@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_main_support import ROOT, TINY  # noqa: E402
 
-from sao import metrics  # noqa: E402
+from sao import run_metrics  # noqa: E402
 
 
 def _run(workdir: str, steps: int) -> subprocess.CompletedProcess:
@@ -32,7 +32,7 @@ def test_running_mean_cpu_two_steps():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["steps"] == 2 and summary["trajectories"] == 16
-    recs = [r for r in metrics.read_metrics(workdir) if r["phase"] == "rl" and r["step"] > 0]
+    recs = [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl" and r["step"] > 0]
     assert [r["step"] for r in recs] == [1, 2]
     assert all(r["learner/actor_updated"] == 1.0 for r in recs)     # no critic, no warm-up
     assert recs[-1]["learner/policy_version"] == 2

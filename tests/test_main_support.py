@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Everything tiny: 2 SFT steps, 8-trajectory batches, 2 worker processes, 8 held-out prompts.
 TINY = ["--config.sft.steps=2", "--config.sft.batch_size=8", "--config.sft.num_demos=64",
-        "--config.learner.batch_size=8", "--config.critic.value_pretrain_trajectories=8",
+        "--config.learner.batch_size=8", "--config.train.value_pretrain_trajectories=8",
         "--config.critic.value_pretrain_steps=2", "--config.critic.critic_warmup_steps=1",
         "--config.eval.num_prompts=8", "--config.eval.every=1", "--config.env.task_size=200",
         "--config.data.heldout_fraction=0.2", "--config.rollout.max_concurrency=8",

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sao import metrics
+from sao import run_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,7 +36,7 @@ def test_online_drift_cpu_switches_style(tmp_path):
             f"--workdir={tmp_path}", *TINY]
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    recs = {r["step"]: r for r in metrics.read_metrics(str(tmp_path)) if r["phase"] == "rl"}
+    recs = {r["step"]: r for r in run_metrics.read_metrics(str(tmp_path)) if r["phase"] == "rl"}
     assert sorted(recs) == [0, 1, 2, 3]
     drift = {s: r for s, r in recs.items() if "env/phase" in r}
     assert drift, "no judged episode carried drift metadata"
@@ -48,7 +48,7 @@ def test_online_drift_cpu_switches_style(tmp_path):
     for r in drift.values():
         assert 0.0 <= r["env/quality"] <= 1.0 and 0.0 <= r["env/style_ok"] <= 1.0
     # The summary reports the adaptation per switch (None: not recovered in 3 steps).
-    with open(os.path.join(tmp_path, metrics.SUMMARY_FILE)) as f:
+    with open(os.path.join(tmp_path, run_metrics.SUMMARY_FILE)) as f:
         summary = json.load(f)
     assert summary["drift"]["switch_steps"] == [1]
     assert len(summary["drift"]["adaptation_lag"]) == 1

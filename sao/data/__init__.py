@@ -1,2 +1,3 @@
-"""Data for training: grain prompt pipelines (``sao.data.prompts``) and SFT
-demonstrations (``sao.data.sft``). Import the submodules directly."""
+"""Data for training: grain prompt pipelines and the dispatcher's prompt stream
+(``sao.data.prompts``), SFT demonstrations (``sao.data.demonstrations``). Import
+the submodules directly."""

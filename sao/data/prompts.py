@@ -12,12 +12,17 @@ The iterator's ``get_state()`` is a small JSON-able dict; ``set_state()`` on a
 fresh iterator of the same pipeline resumes exactly where it was. Train and
 held-out splits are chosen by a seeded hash of the prompt text, so they are
 disjoint even when a generator repeats a question.
+
+:class:`PromptStream` is what the learner's dispatcher leases from: every
+record ``group_size`` times with a ``group`` field, so ``(prompt_id, epoch,
+group)`` names one issue and ``prompt_id`` stays the prompt's own id.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping, Sequence
+import threading
+from typing import Any, Iterator, Mapping, Sequence
 
 import grain
 
@@ -102,3 +107,39 @@ def prompt_iterator(records: Sequence[Mapping[str, Any]], *, seed: int, shard_in
     if state is not None:
         it.set_state(dict(state))
     return it
+
+
+class PromptStream:
+    """Thread-safe iterator of prompt records for the dispatcher, ``group_size`` issues per record.
+
+    Args:
+      iterator: a :func:`prompt_iterator` (records with ``epoch``; ``get_state()``).
+      group_size: rollouts per prompt (1: single rollout; GRPO's G otherwise).
+
+    Each record of ``iterator`` comes out ``group_size`` times in a row as
+    ``{**record, "epoch": e, "group": j}`` for ``j = 0 .. group_size - 1``
+    (``epoch`` 0 when the record has none). ``get_state()`` is the iterator's
+    position; copies of a record not yet handed out when it is taken are not in it.
+    Raises ValueError if ``group_size`` < 1.
+    """
+
+    def __init__(self, iterator: Iterator[dict], group_size: int = 1):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self._it, self._lock, self._group_size = iterator, threading.Lock(), group_size
+        self._copies: list[dict] = []
+
+    def __iter__(self) -> "PromptStream":
+        return self
+
+    def __next__(self) -> dict:
+        with self._lock:
+            if not self._copies:
+                rec = next(self._it)
+                epoch = int(rec.get("epoch", 0))
+                self._copies = [{**rec, "epoch": epoch, "group": j} for j in range(self._group_size)]
+            return self._copies.pop(0)
+
+    def get_state(self) -> dict:
+        with self._lock:
+            return self._it.get_state()

@@ -196,7 +196,7 @@ def drift_summary(records: Sequence[Mapping[str, Any]], switch_steps: Sequence[i
     switch or the end of the run, or no reward logged before the switch).
 
     Args:
-      records: per-step metric dicts of the RL phase (``sao.metrics.read_metrics``).
+      records: per-step metric dicts of the RL phase (``sao.run_metrics.read_metrics``).
       switch_steps: the schedule's switch versions (``env.drift_schedule``).
       recovery_fraction: fraction of the pre-switch reward that counts as recovered.
       window: versions averaged before a switch and by ``adaptation_lag``.

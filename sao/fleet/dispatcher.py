@@ -402,7 +402,8 @@ class Dispatcher:
         if reason is not None:
             self.metrics.drop(reason)
             return
-        traj.prompt_id, traj.trajectory_id = prompt_id, lease_id
+        traj.prompt_id, traj.epoch, traj.group = self._book.identity(prompt_id)
+        traj.trajectory_id = lease_id
         stats.trajectories += 1
         stats.action_tokens += traj.num_action_tokens
         self.metrics.accepted += 1

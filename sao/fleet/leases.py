@@ -6,6 +6,11 @@ queue of prompts to issue again (ahead of fresh ones from the source), how
 often each prompt was issued, and which prompts are answered (``done``), so
 that each prompt's trajectory is counted exactly once whatever the faults.
 Not thread-safe: the dispatcher calls it under its lock.
+
+A record with ``epoch`` / ``group`` fields (``sao.data.prompts.PromptStream``)
+is one issue of ``(prompt id, epoch, group)``: the book names it by a key built
+from the three (``issue_key``) and keeps the fields (``LeaseBook.identity``), so
+answers carry them without anyone parsing the key.
 """
 from __future__ import annotations
 
@@ -42,6 +47,21 @@ def prompt_id_of(prompt: dict, n: int) -> str:
     return f"prompt-{n}"
 
 
+def identity_of(prompt: dict, n: int) -> tuple[str, int, int]:
+    """``(prompt id, epoch, group)`` of a record: `prompt_id_of`, and its
+    ``epoch`` / ``group`` fields (0 when absent)."""
+    return prompt_id_of(prompt, n), int(prompt.get("epoch", 0)), int(prompt.get("group", 0))
+
+
+def issue_key(prompt: dict, n: int) -> str:
+    """The book's name for the issue of a record: its prompt id when it has no
+    ``epoch`` / ``group`` fields, else the JSON of `identity_of` (a dictionary
+    key only, never parsed)."""
+    if "epoch" not in prompt and "group" not in prompt:
+        return prompt_id_of(prompt, n)
+    return json.dumps(identity_of(prompt, n))
+
+
 class LeaseBook:
     """Outstanding leases, the re-issue queue, attempts and answered prompts.
 
@@ -56,6 +76,7 @@ class LeaseBook:
         self._source_done = False
         self._outstanding: dict[str, Lease] = {}
         self._lease_prompt: dict[str, str] = {}   # every lease ever issued
+        self._identity: dict[str, tuple[str, int, int]] = {}  # key -> (prompt id, epoch, group)
         self._by_prompt: dict[str, set[str]] = collections.defaultdict(set)
         self._by_link: dict[Hashable, set[str]] = collections.defaultdict(set)
         self._pending: collections.deque[tuple[str, dict]] = collections.deque()
@@ -85,6 +106,10 @@ class LeaseBook:
     def running(self, prompt_id: str) -> bool:
         return bool(self._by_prompt.get(prompt_id))
 
+    def identity(self, prompt_id: str) -> tuple[str, int, int]:
+        """``(prompt id, epoch, group)`` of an issued key (``(key, 0, 0)`` for plain records)."""
+        return self._identity.get(prompt_id, (prompt_id, 0, 0))
+
     # -- issuing ----------------------------------------------------------------
     def _next_prompt(self) -> tuple[str, dict] | None:
         while self._pending:
@@ -99,7 +124,9 @@ class LeaseBook:
                 return None
             if not isinstance(prompt, dict):
                 raise TypeError(f"prompts must be dicts, got {type(prompt).__name__}")
-            prompt_id = prompt_id_of(prompt, self._source_n)
+            prompt_id = issue_key(prompt, self._source_n)
+            if prompt_id != prompt_id_of(prompt, self._source_n):
+                self._identity[prompt_id] = identity_of(prompt, self._source_n)
             self._source_n += 1
             if prompt_id not in self.done:
                 return prompt_id, prompt
@@ -176,15 +203,18 @@ class LeaseBook:
     # -- checkpointing ------------------------------------------------------------
     def state_dict(self) -> dict:
         """``[prompt_id, prompt]`` pairs to re-issue (outstanding, then queued),
-        answered ids, attempts; JSON-serialisable."""
+        their identities, answered ids, attempts; JSON-serialisable."""
         reissue = [[pid, self._outstanding[next(iter(ids))].prompt]
                    for pid, ids in self._by_prompt.items()]
         reissue += [[pid, p] for pid, p in self._pending]
-        return {"reissue": reissue, "done": sorted(self.done), "attempts": dict(self.attempts),
-                "source_n": self._source_n}
+        identity = {pid: list(self._identity[pid]) for pid, _ in reissue if pid in self._identity}
+        return {"reissue": reissue, "identity": identity, "done": sorted(self.done),
+                "attempts": dict(self.attempts), "source_n": self._source_n}
 
     def load_state_dict(self, state: dict) -> None:
         self.done = set(state["done"])
         self.attempts = collections.Counter(state.get("attempts", {}))
         self._source_n = int(state.get("source_n", 0))
         self._pending = collections.deque((str(pid), p) for pid, p in state["reissue"])
+        self._identity = {k: (str(v[0]), int(v[1]), int(v[2]))
+                          for k, v in state.get("identity", {}).items()}

@@ -1,7 +1,8 @@
 """Host-side running-mean baseline (docs/algorithm.md §7): ``A = R - mean(last W rewards)``.
 
 Single rollout per prompt, no critic. Per-prompt scope (``W = 8``): each
-prompt id gets its own ring buffer (slot), slots grow as new prompts appear.
+prompt id gets its own ring buffer (slot), shared by the prompt's rollouts in
+every epoch; slots grow as new prompts appear.
 Global scope (the online setting, ``W = 128``): one slot for every
 trajectory. A batch never baselines against its own rewards: the kernel
 (`sao.algo.running_mean_advantages`) reads the buffers first, then pushes the
@@ -10,18 +11,13 @@ run's checkpoint (``data_state["baseline"]``).
 """
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import numpy as np
 
+from sao.algo import RunningMeanState, running_mean_advantages
+
 SCOPES = ("prompt", "global")
-_EPOCH_SUFFIX = re.compile(r"#e\d+$")
-
-
-def prompt_key(prompt_id: str) -> str:
-    """The prompt a trajectory answers: the id without ``#g<j>`` / ``#e<epoch>`` suffixes."""
-    return _EPOCH_SUFFIX.sub("", prompt_id.rsplit("#g", 1)[0])
 
 
 class RunningMeanBaseline:
@@ -44,14 +40,17 @@ class RunningMeanBaseline:
         self.count = np.zeros((0,), np.int32)
 
     def _slot(self, prompt_id: str) -> int:
-        key = "" if self.scope == "global" else prompt_key(prompt_id)
+        key = "" if self.scope == "global" else prompt_id
         if key not in self.slots:
             self.slots[key] = len(self.slots)
         return self.slots[key]
 
     def advantages(self, prompt_ids: Sequence[str], rewards, batch_size: int | None = None) -> np.ndarray:
-        """Per-row advantages f32[batch_size] (padding rows 0); updates the buffers."""
-        from sao.algo import RunningMeanState, running_mean_advantages
+        """Per-row advantages f32[batch_size] (padding rows 0); updates the buffers.
+
+        ``prompt_ids``: the rows' prompt ids (``Trajectory.prompt_id``, the same in
+        every epoch); ``rewards``: f32[n]. Raises ValueError if their lengths differ.
+        """
         rewards = np.asarray(rewards, np.float32)
         n = len(prompt_ids)
         if rewards.shape != (n,):

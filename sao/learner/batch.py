@@ -37,9 +37,10 @@ class TrainBatch:
         row_mask: f32[B], 1 for a real trajectory, 0 for a padding row.
         truncated: bool[B], True when the trajectory finished with ``"length"``.
         lengths: i32[B], number of real tokens per row (0 for padding rows).
-        group_ids: i32[B], index of the row's prompt among the batch's distinct
-            prompt ids (first appearance order); -1 for padding rows. Used by group
-            (GRPO) advantages.
+        group_ids: i32[B], index of the row's group among the batch's distinct
+            ``(prompt_id, epoch)`` pairs (first appearance order): the rollouts of
+            one prompt in one epoch; -1 for padding rows. Used by group (GRPO)
+            advantages.
     """
 
     tokens: np.ndarray
@@ -119,7 +120,7 @@ def make_train_batch(trajectories: Sequence[Trajectory], *,
     truncated = np.zeros((batch_size,), bool)
     lengths = np.zeros((batch_size,), np.int32)
     group_ids = np.full((batch_size,), -1, np.int32)
-    groups: dict[str, int] = {}
+    groups: dict[tuple[str, int], int] = {}
 
     for i, tr in enumerate(trajectories):
         L = tr.length
@@ -130,7 +131,7 @@ def make_train_batch(trajectories: Sequence[Trajectory], *,
         row_mask[i] = 1.0
         truncated[i] = tr.finish == "length"
         lengths[i] = L
-        group_ids[i] = groups.setdefault(tr.prompt_id, len(groups))
+        group_ids[i] = groups.setdefault((tr.prompt_id, tr.epoch), len(groups))
         if tr.action_mask.any():
             last = int(np.flatnonzero(tr.action_mask)[-1])
             rewards[i, last] = tr.reward
@@ -139,21 +140,3 @@ def make_train_batch(trajectories: Sequence[Trajectory], *,
                                         rollout_logprobs=logprobs, policy_version=versions,
                                         rewards=rewards, row_mask=row_mask, truncated=truncated,
                                         lengths=lengths, group_ids=group_ids)
-
-
-def split_micro_batches(tree, num_micro: int):
-    """Reshapes every leaf ``[B, ...]`` to ``[num_micro, B // num_micro, ...]``.
-
-    Raises:
-        ValueError: if a leaf's leading dimension is not divisible by
-            ``num_micro``.
-    """
-    import jax  # local: this module stays importable without touching devices
-
-    def split(x):
-        if x.shape[0] % num_micro:
-            raise ValueError(f"batch dimension {x.shape[0]} is not divisible by "
-                                              f"{num_micro} micro-batches")
-        return x.reshape((num_micro, x.shape[0] // num_micro) + x.shape[1:])
-
-    return jax.tree.map(split, tree)

@@ -5,17 +5,34 @@ dataclass and passes them on. Build it from an ``ml_collections.ConfigDict``
 with `LearnerConfig.from_config` (an unknown or misspelt key is an error, a
 missing key keeps its default). Defaults follow docs/algorithm.md (SAO, math/tool
 band); fields marked **[ours]** are project choices.
+
+These defaults are the only ones: the experiment config's ``learner`` and
+``critic`` groups are made from them (`experiment_groups`), and experiments
+state what differs.
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from sao.models.value import ATTENTION_PARAMS_REGEX
 
 TRUNCATION_POLICIES = ("terminal", "drop")
 SCHEDULES = ("constant", "cosine", "linear")
 ADVANTAGE_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "given")
 SHARD_CHECK_MODES = ("off", "warn", "raise")
+# Fields in the experiment config's ``critic`` group; the rest are in ``learner``,
+# except those derived from other groups (``rollout.temperature``, the run's ``seed``).
+CRITIC_FIELDS = ("critic_steps", "critic_warmup_steps", "lam_critic", "value_clip",
+                 "critic_freeze_regex", "critic_lr", "critic_schedule", "value_pretrain_ev",
+                 "value_pretrain_steps")
+DERIVED_FIELDS = ("temperature", "seed")
+_SCALAR_TYPES = {"float": float, "int": int, "str": str, "bool": bool}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +58,7 @@ class LearnerConfig:
     advantage_estimator: str = "gae"
     gamma: float = 1.0                  # discount per action-token step [ours: paper silent]
     alpha: float = 1.5                  # length-adaptive λ_policy = 1 - 1/(alpha*l), VAPO
-    lam_policy: float = -1.0            # fixed actor λ in [0, 1]; -1 = length-adaptive
+    lam_policy: float | None = None     # fixed actor λ in [0, 1]; None = length-adaptive (alpha)
     lam_critic: float = 1.0             # λ of critic targets (1 = Monte-Carlo returns)
     whiten_advantages: bool = False     # batch whitening over action tokens [ours: off]
     # finish="length": "terminal" (V=0 after it, env reward) or "drop" (no policy loss) [ours].
@@ -62,7 +79,7 @@ class LearnerConfig:
     critic_warmup_steps: int = 10       # first N learner steps update only the critic (paper 10)
     value_clip: float = 0.0             # PPO-style value clipping range; 0 = off
     # Critic parameters whose '/'-joined path matches are frozen (paper: attention).
-    critic_freeze_regex: str = r"^layers/\d+/attn/"
+    critic_freeze_regex: str = ATTENTION_PARAMS_REGEX
     value_pretrain_ev: float = 0.8      # value pretraining stops at this explained variance
     value_pretrain_steps: int = 100     # ... or after this many critic steps
 
@@ -108,8 +125,8 @@ class LearnerConfig:
              f"advantage_estimator must be one of {ADVANTAGE_ESTIMATORS}")
         need(0.0 <= self.gamma <= 1.0, f"gamma must be in [0, 1], got {self.gamma}")
         need(self.alpha > 0, f"alpha must be > 0, got {self.alpha}")
-        need(self.lam_policy == -1.0 or 0.0 <= self.lam_policy <= 1.0,
-             f"lam_policy must be -1 (adaptive) or in [0, 1], got {self.lam_policy}")
+        need(self.lam_policy is None or 0.0 <= self.lam_policy <= 1.0,
+             f"lam_policy must be None (length-adaptive) or in [0, 1], got {self.lam_policy}")
         need(0.0 <= self.lam_critic <= 1.0, f"lam_critic must be in [0, 1], got {self.lam_critic}")
         need(self.truncation in TRUNCATION_POLICIES,
              f"truncation must be one of {TRUNCATION_POLICIES}, got {self.truncation!r}")
@@ -134,7 +151,6 @@ class LearnerConfig:
         if self.advantage_estimator == "gae":
             need(self.critic_steps > 0 or self.critic_warmup_steps == 0,
                  "critic warm-up needs critic_steps > 0")
-        import re
         for name in ("critic_freeze_regex", "actor_freeze_regex"):
             try:
                 re.compile(getattr(self, name))
@@ -165,3 +181,23 @@ class LearnerConfig:
     def replace(self, **changes: Any) -> "LearnerConfig":
         """A validated copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
+
+
+def experiment_groups() -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+    """``(learner, critic)``: `LearnerConfig`'s defaults as the experiment config's two groups.
+
+    ``critic`` holds `CRITIC_FIELDS`, ``learner`` every other field but
+    `DERIVED_FIELDS`; a field whose default is None becomes a typed
+    placeholder (overridable from the command line). ``sao.components.learner_config``
+    merges the groups back.
+    """
+    defaults = LearnerConfig()
+    learner, critic = ml_collections.ConfigDict(), ml_collections.ConfigDict()
+    for f in dataclasses.fields(LearnerConfig):
+        if f.name in DERIVED_FIELDS:
+            continue
+        value = getattr(defaults, f.name)
+        if value is None:  # "float | None" -> a float placeholder
+            value = config_dict.placeholder(_SCALAR_TYPES[str(f.type).split("|")[0].strip()])
+        (critic if f.name in CRITIC_FIELDS else learner)[f.name] = value
+    return learner, critic

@@ -82,20 +82,20 @@ def _masks(batch: TrainBatch, drop_truncated: bool):
 @functools.partial(jax.jit, static_argnames=("gamma", "alpha", "lam_policy", "lam_critic",
                                              "whiten", "drop_truncated"))
 def gae_targets(batch: TrainBatch, values, version, *, gamma: float, alpha: float,
-                lam_policy: float, lam_critic: float, whiten: bool, drop_truncated: bool):
+                lam_policy: float | None, lam_critic: float, whiten: bool, drop_truncated: bool):
     """Advantages and critic targets from critic values.
 
     Args:
       batch: a placed `TrainBatch` ``[B, T]``.
       values: f32[B, T] critic values (``sao.models.predict_values``).
       version: i32[] learner policy version (for staleness).
-      lam_policy: fixed actor λ, or < 0 for length-adaptive ``1 - 1/(alpha l)``.
+      lam_policy: fixed actor λ, or None for length-adaptive ``1 - 1/(alpha l)``.
     Returns:
       dict with ``advantages``, ``returns`` (f32[B, T]), ``action_mask``,
       ``policy_mask`` (bool[B, T]) and ``metrics``.
     """
     action, policy = _masks(batch, drop_truncated)
-    lam = algo.length_adaptive_lambda(action, alpha) if lam_policy < 0 else lam_policy
+    lam = algo.length_adaptive_lambda(action, alpha) if lam_policy is None else lam_policy
     adv, _ = algo.gae(batch.rewards, values, action, gamma=gamma, lam=lam)
     _, returns = algo.gae(batch.rewards, values, action, gamma=gamma, lam=lam_critic)
     if whiten:

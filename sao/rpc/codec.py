@@ -70,7 +70,8 @@ def to_proto(traj: Trajectory) -> sao_pb2.Trajectory:
         reward=float(traj.reward), finish=str(traj.finish),
         prompt_id=str(traj.prompt_id), trajectory_id=str(traj.trajectory_id),
         metadata_json=json.dumps(traj.metadata, allow_nan=False),
-        timings={str(k): float(v) for k, v in traj.timings.items()})
+        timings={str(k): float(v) for k, v in traj.timings.items()},
+        epoch=int(traj.epoch), group=int(traj.group))
 
 
 def _refuse_constant(name: str):
@@ -118,7 +119,7 @@ def from_proto(msg: sao_pb2.Trajectory) -> Trajectory:
         raise CodecError("bad_metadata", f"non-finite timings {bad}")
     return Trajectory(**arrays, reward=msg.reward, finish=msg.finish, prompt_id=msg.prompt_id,
                       trajectory_id=msg.trajectory_id, metadata=metadata,
-                      timings=dict(msg.timings))
+                      timings=dict(msg.timings), epoch=msg.epoch, group=msg.group)
 
 
 def encode(traj: Trajectory) -> bytes:

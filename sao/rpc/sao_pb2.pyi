@@ -17,7 +17,7 @@ class Array(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("tokens", "action_mask", "rollout_logprobs", "policy_version", "reward", "finish", "prompt_id", "trajectory_id", "metadata_json", "timings")
+    __slots__ = ("tokens", "action_mask", "rollout_logprobs", "policy_version", "reward", "finish", "prompt_id", "trajectory_id", "metadata_json", "timings", "epoch", "group")
     class TimingsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,8 @@ class Trajectory(_message.Message):
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     METADATA_JSON_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     tokens: Array
     action_mask: Array
     rollout_logprobs: Array
@@ -45,7 +47,9 @@ class Trajectory(_message.Message):
     trajectory_id: str
     metadata_json: str
     timings: _containers.ScalarMap[str, float]
-    def __init__(self, tokens: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., rollout_logprobs: _Optional[_Union[Array, _Mapping]] = ..., policy_version: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[float] = ..., finish: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., metadata_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    epoch: int
+    group: int
+    def __init__(self, tokens: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., rollout_logprobs: _Optional[_Union[Array, _Mapping]] = ..., policy_version: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[float] = ..., finish: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., metadata_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "prompt_id", "prompt_json")

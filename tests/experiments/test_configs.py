@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from experiments import common  # noqa: E402
+from sao.models.value import ATTENTION_PARAMS_REGEX  # noqa: E402
 
 FILES = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments"))
                if f.endswith(".py") and f not in ("__init__.py", "common.py"))
@@ -29,27 +30,27 @@ def test_every_paper_configuration_has_a_file():
 
 @pytest.mark.parametrize("name,variant", CASES)
 def test_config_loads_locked_and_valid(name, variant):
+    from sao.components import learner_config, running_mean_baseline
     from sao.learner.config import LearnerConfig
-    from sao.run import learner_config
     module = importlib.import_module(f"experiments.{name}")
     assert "python -m sao.main --config=experiments/" + name in module.__doc__
     cfg = module.get_config(variant)
     assert isinstance(cfg, ml_collections.ConfigDict) and cfg.is_locked
     with pytest.raises(AttributeError):
         cfg.learner.not_a_field = 1
-    for group in ("model", "learner", "critic", "rollout", "env", "data", "eval", "checkpoint", "run"):
+    for group in ("model", "learner", "critic", "train", "rollout", "env", "data", "eval", "checkpoint",
+                  "run"):
         assert group in cfg, group
     if variant.startswith("cpu") or name == "quickstart":
         assert cfg.model.preset == "tiny" and cfg.rollout.engine == "jax"
     else:
         assert cfg.model.preset.startswith("qwen3") and cfg.rollout.engine == "sglang"
-    from sao.run import running_mean_baseline
     lc = learner_config(cfg)
     baseline = running_mean_baseline(cfg)
     if cfg.learner.advantage_estimator == "running_mean":
-        # The driver computes the advantages (sao.learner.baselines); the learner gets them "given".
+        # The RL loop computes the advantages (sao.learner.baselines); the learner gets them "given".
         assert lc.advantage_estimator == "given" and not lc.uses_critic
-        assert baseline.window == cfg.learner.running_mean_window
+        assert baseline.window == cfg.train.running_mean_window
         assert baseline.scope == ("global" if name == "online_drift" else "prompt")
     else:
         assert baseline is None
@@ -64,7 +65,7 @@ def test_paper_values():
     assert (c.learner.eps_low, c.learner.eps_high, c.critic.critic_steps) == (0.3, 5.0, 2)
     assert (c.critic.critic_warmup_steps, c.learner.alpha, c.critic.lam_critic) == (10, 1.5, 1.0)
     assert (c.learner.batch_size, c.learner.actor_lr, c.critic.critic_lr) == (128, 1e-6, 5e-6)
-    assert c.critic.critic_freeze_regex == common.ATTENTION_REGEX
+    assert c.critic.critic_freeze_regex == ATTENTION_PARAMS_REGEX
     g = grpo_math.get_config()
     assert (g.learner.batch_size // g.rollout.group_size, g.rollout.group_size) == (16, 8)
     assert (g.learner.eps_low, g.learner.eps_high) == (0.2, 0.28)
@@ -96,10 +97,25 @@ def test_full_scale_models_shape_only(preset):
 
 def test_coding_tasks_grade_with_the_configured_sandbox_limits():
     from experiments import sao_coding
-    from sao.build import make_tasks
+    from sao.components import make_tasks
     for variant in ("cpu", "qwen3_8b"):
         cfg = sao_coding.get_config(variant)
         task = make_tasks(cfg)["humaneval"]
         assert task.limits.timeout_s == cfg.env.tool_timeout_s
         assert task.limits.memory_mb == cfg.env.tool_memory_mb
     assert cfg.env.tool_timeout_s == 20.0  # full scale: test suites need longer than the default
+
+
+def test_learner_groups_are_learner_config_defaults():
+    """base() takes learner / critic from LearnerConfig; only the full-scale shape keys differ."""
+    from sao.learner.config import CRITIC_FIELDS, DERIVED_FIELDS, LearnerConfig
+    c, defaults = common.base(), LearnerConfig()
+    assert set(c.critic) == set(CRITIC_FIELDS)
+    assert set(c.learner) | set(c.critic) | set(DERIVED_FIELDS) == {
+        f.name for f in dataclasses.fields(LearnerConfig)}
+    differ = {k for group in (c.learner, c.critic) for k, v in group.items()
+              if v != getattr(defaults, k)}
+    assert differ == {"batch_size", "length_buckets", "micro_batch_size", "pad_id", "deterministic"}
+    assert c.learner.lam_policy is None                      # length-adaptive
+    c.learner.lam_policy = 0.95                              # a typed placeholder: overridable
+    assert c.learner.lam_policy == 0.95

@@ -40,7 +40,7 @@ def host(tree):
 
 
 def train(learner, source, max_steps):
-    """The driver's loop in miniature: batch, SAO update, publish, push."""
+    """The RL loop (sao.rl_loop) in miniature: batch, update, publish, push."""
     states = learner.init_states()
     for _ in range(max_steps):
         batch = source.get_batch(timeout=60)

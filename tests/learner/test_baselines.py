@@ -4,20 +4,28 @@ import json
 import numpy as np
 import pytest
 
-from sao.learner.baselines import RunningMeanBaseline, prompt_key
+from sao.learner.baselines import RunningMeanBaseline
+
+from .helpers import traj
 
 
-def test_prompt_key_strips_group_and_epoch_suffixes():
-    assert prompt_key("p3#e2") == "p3" and prompt_key("p3#e0#g1") == "p3" and prompt_key("p3") == "p3"
+def test_one_slot_per_prompt_across_epochs_and_groups():
+    # Rollouts of p3 in epochs 0 and 2, group members 0 and 1: one prompt, one slot.
+    rows = [traj([1], [2], r, pid="p3") for r in (1.0, 0.0, 1.0)]
+    rows[1].epoch, rows[2].epoch, rows[2].group = 2, 2, 1
+    b = RunningMeanBaseline(window=4)
+    np.testing.assert_allclose(b(rows[:1]), [1.0])
+    np.testing.assert_allclose(b(rows[1:]), [-1.0, 0.0])    # both against p3's mean 1.0
+    assert b.slots == {"p3": 0}
 
 
 def test_per_prompt_window_hand_computed():
     b = RunningMeanBaseline(window=2, scope="prompt", default_baseline=0.0)
     # Step 1: no history, baseline 0; the batch never sees its own rewards; padding rows are 0.
-    adv = b.advantages(["a#e0", "b#e0", "a#e0"], [1.0, 0.0, 0.0], batch_size=4)
+    adv = b.advantages(["a", "b", "a"], [1.0, 0.0, 0.0], batch_size=4)
     np.testing.assert_allclose(adv, [1.0, 0.0, 0.0, 0.0])
-    # a's buffer [1, 0] -> mean 0.5; b's [0] -> 0; c unseen -> 0.  (a in a later epoch is the same prompt)
-    adv = b.advantages(["a#e1", "b#e0", "c#e0"], [1.0, 1.0, 1.0])
+    # a's buffer [1, 0] -> mean 0.5; b's [0] -> 0; c unseen -> 0.
+    adv = b.advantages(["a", "b", "c"], [1.0, 1.0, 1.0])
     np.testing.assert_allclose(adv, [0.5, 1.0, 1.0])
     # Window 2 keeps the last two rewards: a saw 1, 0, 1, then 0 -> [1, 0], mean 0.5; b [0, 1] -> 0.5.
     np.testing.assert_allclose(b.advantages(["a"], [0.0]), [-0.5])   # a: last two (0, 1)

@@ -67,3 +67,12 @@ def test_micro_split_interleaves_rows():
     assert out.shape == (2, 4, 3)
     np.testing.assert_array_equal(out[0, :, 0], [0, 2, 4, 6])
     np.testing.assert_array_equal(out[1, :, 0], [1, 3, 5, 7])
+
+
+def test_group_ids_follow_prompt_and_epoch():
+    rows = [traj([257, 1], [10], 1.0, pid="p") for _ in range(4)]
+    rows[1].group = 1                      # same prompt, same epoch: one GRPO group
+    rows[2].epoch = rows[3].epoch = 1      # the prompt again in the next epoch: another group
+    rows[3].group = 1
+    batch = make_train_batch(rows, buckets=(8,), batch_size=4, pad_id=256)
+    np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])

@@ -139,7 +139,7 @@ def test_truncation_drop_removes_rows_from_policy_loss(learner):
     trajs = [traj([257, 1], [10, 11], 1.0, finish="length"), traj([257, 2], [12], 1.0)]
     batch = jax.device_put(make_train_batch(trajs, buckets=(8,), batch_size=2, pad_id=256))
     values = jnp.zeros(batch.tokens.shape)
-    kw = dict(gamma=1.0, alpha=1.5, lam_policy=-1.0, lam_critic=1.0, whiten=False)
+    kw = dict(gamma=1.0, alpha=1.5, lam_policy=None, lam_critic=1.0, whiten=False)
     keep = gae_targets(batch, values, jnp.int32(0), drop_truncated=False, **kw)
     drop = gae_targets(batch, values, jnp.int32(0), drop_truncated=True, **kw)
     assert bool(keep["policy_mask"][0].any()) and not bool(drop["policy_mask"][0].any())

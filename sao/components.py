@@ -1,61 +1,62 @@
-"""Builders from an experiment config: learner config, tokenizer, policy, tasks,
-environments, sampling, engines.
+"""The run's components, made from an experiment config: learner config, tokenizer,
+policy, tasks, environments, sampling, engines.
 
-Pure construction, no processes or files: ``sao.run`` wires these into the
-roles of a run (rollout worker, learner, local fleet).
+Pure construction, no processes or files: ``sao.workers`` (rollout worker
+processes) and ``sao.train`` (the learner's phases) put them together.
 """
 from __future__ import annotations
 
 import ml_collections
+from flax import nnx
+
+from sao.envs import EpisodeConfig, env_factory, make_task
+from sao.envs.sandbox import SandboxLimits
+from sao.learner.baselines import RunningMeanBaseline
+from sao.learner.config import LearnerConfig
+from sao.models import Transformer, from_pretrained, get_preset
+from sao.models.tokenizer import ByteTokenizer
+from sao.rollout.agent import byte_tool_format, chatml_tool_format
+from sao.rollout.base import SamplingParams
+from sao.rollout.jax_engine import JaxEngine
+from sao.rollout.sglang_engine import SGLangEngine
 
 
-# Keys of the ``learner`` / ``critic`` groups that the driver reads, not LearnerConfig.
-DRIVER_KEYS = ("running_mean_window", "running_mean_scope", "value_pretrain_trajectories")
-
-
-def learner_config(cfg: ml_collections.ConfigDict):
+def learner_config(cfg: ml_collections.ConfigDict) -> LearnerConfig:
     """``LearnerConfig`` from the ``learner`` and ``critic`` groups (raises ValueError on unknown keys).
 
     ``temperature`` is ``rollout.temperature``: log pi_theta is computed at the sampling
-    temperature (docs/algorithm.md §4), so it is derived here, after any override.
-    ``advantage_estimator="running_mean"`` becomes ``"given"``: the driver computes the
-    advantages (``sao.learner.baselines.RunningMeanBaseline``, see :func:`running_mean_baseline`).
+    temperature (docs/algorithm.md §4), so it is derived here, after any override; ``seed``
+    is the run's ``seed``. ``advantage_estimator="running_mean"`` becomes ``"given"``: the
+    loop computes the advantages (``sao.learner.baselines.RunningMeanBaseline``, see
+    :func:`running_mean_baseline`).
     """
-    import dataclasses
-    from sao.learner import LearnerConfig
-    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(), "temperature": cfg.rollout.temperature}
-    if "seed" in {f.name for f in dataclasses.fields(LearnerConfig)}:
-        merged["seed"] = cfg.seed
-    if merged.get("advantage_estimator") == "running_mean":
+    merged = {**cfg.learner.to_dict(), **cfg.critic.to_dict(),
+              "temperature": cfg.rollout.temperature, "seed": cfg.seed}
+    if merged["advantage_estimator"] == "running_mean":
         merged["advantage_estimator"] = "given"
-    return LearnerConfig.from_config({k: v for k, v in merged.items() if k not in DRIVER_KEYS})
+    return LearnerConfig.from_config(merged)
 
 
-def running_mean_baseline(cfg):
+def running_mean_baseline(cfg) -> RunningMeanBaseline | None:
     """``RunningMeanBaseline`` for ``learner.advantage_estimator="running_mean"``, else None.
 
-    ``learner.running_mean_window`` rewards per slot; ``learner.running_mean_scope``:
-    ``"prompt"`` (one slot per prompt, default) or ``"global"`` (the online setting).
+    ``train.running_mean_window`` rewards per slot; ``train.running_mean_scope``:
+    ``"prompt"`` (one slot per prompt) or ``"global"`` (the online setting).
     """
     if cfg.learner.advantage_estimator != "running_mean":
         return None
-    from sao.learner.baselines import RunningMeanBaseline
-    return RunningMeanBaseline(cfg.learner.running_mean_window,
-                               scope=cfg.learner.get("running_mean_scope", "prompt"))
+    return RunningMeanBaseline(cfg.train.running_mean_window, scope=cfg.train.running_mean_scope)
 
 
 def make_tokenizer(cfg):
-    from sao.models.tokenizer import ByteTokenizer
+    """The byte-level tokenizer (``model.tokenizer="byte"``) or the one next to ``model.init``."""
     if cfg.model.tokenizer == "byte":
         return ByteTokenizer()
-    from sao.models import from_pretrained
     return from_pretrained(cfg.model.init)[2]
 
 
 def make_policy(cfg, seed: int = 0):
     """The policy ``Transformer`` (preset, random init) or the HF / GGUF model at ``model.init``."""
-    from flax import nnx
-    from sao.models import Transformer, from_pretrained, get_preset
     if cfg.model.init:
         return from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype)[1]
     mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype)
@@ -66,7 +67,6 @@ def make_tasks(cfg) -> dict:
     """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
     ``drift/<dataset>`` get ``env.task_config.<dataset>`` and ``env.grader``; ``humaneval``
     grades its tests under ``env.tool_timeout_s`` / ``env.tool_memory_mb``)."""
-    from sao.envs import make_task
     tasks = {}
     for i, spec in enumerate(cfg.env.tasks):
         if spec.startswith(("rg/", "drift/")):
@@ -74,7 +74,6 @@ def make_tasks(cfg) -> dict:
             task = make_task(spec, size=cfg.env.task_size, seed=cfg.seed + i, config=conf,
                              grader=cfg.env.grader)
         elif spec == "humaneval":  # the task's tests run with the tool's sandbox limits
-            from sao.envs.sandbox import SandboxLimits
             task = make_task(spec, limits=SandboxLimits(timeout_s=cfg.env.tool_timeout_s,
                                                         memory_mb=cfg.env.tool_memory_mb))
         else:
@@ -87,17 +86,16 @@ def make_env_factory(cfg, tasks: dict, clock=None):
     """``() -> Env``: a ``ToolEnv``, or a ``DriftEnv`` when ``env.drift_schedule`` is set.
 
     ``clock() -> int`` is the learner step the drift env judges at (the engine's
-    policy version); ``env.judge`` (default ``"rule"``) picks the drift judge.
+    policy version); ``env.judge`` picks the drift judge.
     ``env.prompt_style="question"`` shows the question alone (tiny models).
     """
-    from sao.envs import EpisodeConfig, env_factory
     e = cfg.env
     episode = EpisodeConfig(tool_format=e.tool_format, max_turns=cfg.rollout.max_turns,
                             max_tool_calls=e.max_tool_calls, tool_timeout_s=e.tool_timeout_s,
                             tool_memory_mb=e.tool_memory_mb,
                             max_observation_chars=e.max_observation_chars)
-    make = env_factory(tasks, episode, drift_schedule=tuple(e.get("drift_schedule", ())),
-                       clock=clock, judge=e.get("judge", "rule"))
+    make = env_factory(tasks, episode, drift_schedule=tuple(e.drift_schedule), clock=clock,
+                       judge=e.judge)
     if e.prompt_style != "question":
         return make
 
@@ -118,32 +116,20 @@ def engine_clock(get_engine):
     return lambda: max(0, int(get_engine().version))
 
 
-def env_metrics(trajs) -> dict:
-    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
-    import numpy as np
-    drift = [t.metadata for t in trajs if "phase" in t.metadata]
-    if not drift:
-        return {}
-    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
-            "env/phase": float(max(m["phase"] for m in drift)),
-            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
-            "env/quality": float(np.mean([m["quality"] for m in drift])),
-            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
-
-
-def sampling_params(cfg, tokenizer):
-    from sao.rollout.base import SamplingParams
+def sampling_params(cfg, tokenizer) -> SamplingParams:
+    """Rollout sampling (``rollout.temperature``, ``top_p``, ``top_k``, ``max_new_tokens``; stop at EOS)."""
     r = cfg.rollout
     return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                           max_new_tokens=r.max_new_tokens, stop_token_ids=(tokenizer.eos_id,))
 
 
 def turn_format(cfg, tokenizer):
-    from sao.rollout.agent import byte_tool_format, chatml_tool_format
+    """The agent loop's turn framing for ``env.tool_format`` (``"tags"``: byte level, else ChatML)."""
     return byte_tool_format(tokenizer) if cfg.env.tool_format == "tags" else chatml_tool_format(tokenizer)
 
 
 def episode_kwargs(cfg, tokenizer) -> dict:
+    """``run_episode`` keywords: ``max_turns``, ``max_total_tokens`` (``rollout.max_len``), ``turn_format``."""
     return dict(max_turns=cfg.rollout.max_turns, max_total_tokens=cfg.rollout.max_len,
                 turn_format=turn_format(cfg, tokenizer))
 
@@ -158,14 +144,13 @@ def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None):
 
     Without ``model`` (a rollout worker) the engine serves a fresh policy at
     version ``NO_WEIGHTS_VERSION`` until the learner pushes its weights.
+    Raises ValueError for ``rollout.engine="sglang"`` without ``sglang_url``.
     """
     version = 0 if model is not None else NO_WEIGHTS_VERSION
     if cfg.rollout.engine == "sglang":
-        from sao.rollout.sglang_engine import SGLangEngine
         if not sglang_url:
             raise ValueError("rollout.engine='sglang' needs --sglang_url")
         return SGLangEngine(sglang_url, version=version)
-    from sao.rollout.jax_engine import JaxEngine
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
                      max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
                      version=version)

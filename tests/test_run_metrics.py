@@ -6,41 +6,41 @@ import os
 import numpy as np
 import pytest
 
-from sao import metrics
+from sao import run_metrics
 
 
 def test_jsonl_round_trip_records_merge(tmp_path):
     wd = str(tmp_path)
-    with metrics.MetricsWriter(wd, tensorboard=True) as w:
+    with run_metrics.MetricsWriter(wd, tensorboard=True) as w:
         w.write(0, {"eval/accuracy": np.float32(0.25), "batch/staleness_counts": np.array([3, 1])})
         w.write(1, {"actor/loss": 1.5, "batch/staleness_counts": [0, 2, 5]})
         w.write(1, {"actor/loss": 2.5})  # a resumed run rewrites step 1: later values win
         w.write(0, {"sft/loss": 3.0}, phase="sft")
-    recs = metrics.read_metrics(wd)
+    recs = run_metrics.read_metrics(wd)
     rl = [r for r in recs if r["phase"] == "rl"]
     assert [r["step"] for r in rl] == [0, 1]
     assert rl[0]["eval/accuracy"] == pytest.approx(0.25)
     assert rl[1]["actor/loss"] == 2.5 and rl[1]["batch/staleness_counts"] == [0, 2, 5]
     assert os.listdir(os.path.join(wd, "tb"))  # TensorBoard events written
-    np.testing.assert_array_equal(metrics.staleness_histogram(wd), [3, 3, 5])
-    df = metrics.load_run(wd)
+    np.testing.assert_array_equal(run_metrics.staleness_histogram(wd), [3, 3, 5])
+    df = run_metrics.load_run(wd)
     assert list(df.index) == [0, 1]
-    assert metrics.load_run(wd, "sft")["sft/loss"].iloc[0] == 3.0
+    assert run_metrics.load_run(wd, "sft")["sft/loss"].iloc[0] == 3.0
 
 
 def test_truncated_line_ignored_and_nan_kept(tmp_path):
     wd = str(tmp_path)
-    w = metrics.MetricsWriter(wd, tensorboard=False)
+    w = run_metrics.MetricsWriter(wd, tensorboard=False)
     w.write(0, {"actor/loss": float("nan"), "actor/x": float("inf")})
     w.close()
-    with open(os.path.join(wd, metrics.METRICS_FILE), "a") as f:
+    with open(os.path.join(wd, run_metrics.METRICS_FILE), "a") as f:
         f.write('{"step": 1, "actor/lo')
-    (rec,) = metrics.read_metrics(wd)
+    (rec,) = run_metrics.read_metrics(wd)
     assert rec["actor/loss"] is None and math.isinf(rec["actor/x"])
 
 
 def test_bad_keys_and_steps_raise(tmp_path):
-    w = metrics.MetricsWriter(str(tmp_path), tensorboard=False)
+    w = run_metrics.MetricsWriter(str(tmp_path), tensorboard=False)
     with pytest.raises(ValueError, match="namespaced"):
         w.write(0, {"loss": 1.0})
     with pytest.raises(ValueError, match=">= 0"):
@@ -52,9 +52,14 @@ def test_summary_file_and_table(tmp_path):
     from rich.console import Console
     summary = dict(accuracy_before=0.2, accuracy_after=0.7, tool_use_before=0.3,
                    tool_use_after=0.95, steps=40, trajectories=1280, dropped=3, wall_s=612.5)
-    path = metrics.write_summary(str(tmp_path), summary)
+    path = os.path.join(str(tmp_path), run_metrics.SUMMARY_FILE)
+    run_metrics.write_json(path, summary)
     assert json.load(open(path)) == summary
+    run_metrics.write_json(path, {"x": np.float32(0.5), "n": np.int64(3), "a": np.arange(2)})
+    assert json.load(open(path)) == {"x": 0.5, "n": 3, "a": [0, 1]}
+    with pytest.raises(TypeError):
+        run_metrics.write_json(path, {"x": object()})
     console = Console(record=True, width=100)
-    console.print(metrics.summary_table(summary))
+    console.print(run_metrics.summary_table(summary))
     text = console.export_text()
     assert "20.0%" in text and "70.0%" in text and "95.0%" in text and "1280" in text

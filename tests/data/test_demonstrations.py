@@ -1,17 +1,17 @@
-"""SFT demonstrations: correct answers, tool fraction, masks on action tokens only."""
+"""SFT demonstrations (sao.data.demonstrations): correct answers, tool fraction, masks on action tokens only."""
 import numpy as np
 import pytest
 
-from sao.data import sft
+from sao.data import demonstrations
 from sao.models.tokenizer import ByteTokenizer
 
 
 def test_demonstrations_are_correct_and_mixed():
     import reasoning_gym as rg
-    demos = sft.arithmetic_demonstrations(400, seed=3, tool_fraction=0.3)
+    demos = demonstrations.arithmetic_demonstrations(400, seed=3, tool_fraction=0.3)
     frac = np.mean([d.uses_tool for d in demos])
     assert 0.2 < frac < 0.4
-    ds = rg.create_dataset("basic_arithmetic", size=400, seed=3, **sft.QUICKSTART_TASK_KWARGS)
+    ds = rg.create_dataset("basic_arithmetic", size=400, seed=3, **demonstrations.QUICKSTART_TASK_KWARGS)
     for demo, entry in zip(demos, ds):
         assert ds.score_answer(answer=demo.answer, entry=entry) == 1.0
         assert demo.prompt == entry["question"] + "\n"
@@ -22,20 +22,20 @@ def test_demonstrations_are_correct_and_mixed():
 
 
 def test_chain_sum_and_bad_args():
-    demos = sft.arithmetic_demonstrations(20, seed=1, tool_fraction=1.0, task="chain_sum")
+    demos = demonstrations.arithmetic_demonstrations(20, seed=1, tool_fraction=1.0, task="chain_sum")
     assert all(d.uses_tool for d in demos)
     with pytest.raises(ValueError, match="tool_fraction"):
-        sft.arithmetic_demonstrations(5, seed=0, tool_fraction=1.5)
+        demonstrations.arithmetic_demonstrations(5, seed=0, tool_fraction=1.5)
     with pytest.raises(ValueError, match="evaluates"):
-        sft.make_demonstration("Calculate 1 + 1.", "1 + 1", "3", use_tool=True)
+        demonstrations.make_demonstration("Calculate 1 + 1.", "1 + 1", "3", use_tool=True)
     with pytest.raises(ValueError, match="unsupported"):
-        sft.make_demonstration("x", "__import__('os')", "0", use_tool=True)
+        demonstrations.make_demonstration("x", "__import__('os')", "0", use_tool=True)
 
 
 def test_tokenized_masks_cover_actions_only():
     tok = ByteTokenizer()
-    demo = sft.make_demonstration("Calculate 2 * 3.", "2 * 3", "6", use_tool=True)
-    arr = sft.tokenize_demonstrations([demo], tok, max_len=64, add_bos=True)
+    demo = demonstrations.make_demonstration("Calculate 2 * 3.", "2 * 3", "6", use_tool=True)
+    arr = demonstrations.tokenize_demonstrations([demo], tok, max_len=64, add_bos=True)
     n = int(arr.lengths[0])
     ids = arr.tokens[0, :n].tolist()
     assert ids[0] == tok.bos_id and (arr.tokens[0, n:] == tok.pad_id).all()
@@ -44,4 +44,4 @@ def test_tokenized_masks_cover_actions_only():
     observed = tok.decode(ids[1:])
     assert observed == "Calculate 2 * 3.\n<python>print(2 * 3)</python><output>6</output><answer>6</answer>"
     with pytest.raises(ValueError, match="max_len"):
-        sft.tokenize_demonstrations([demo], tok, max_len=10)
+        demonstrations.tokenize_demonstrations([demo], tok, max_len=10)

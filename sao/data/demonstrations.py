@@ -60,7 +60,7 @@ def default_prompt_text(question: str) -> str:
     """The prompt shown to the tiny policy: the question and a newline.
 
     This is what an env built with ``env.prompt_style="question"`` returns from
-    ``reset`` (``sao.run.make_env_factory``); the agent loop encodes
+    ``reset`` (``sao.components.make_env_factory``); the agent loop encodes
     it without ``<bos>``, so demonstrations are tokenised without it too.
     The observation ``<output>127</output>`` matches the agent loop's framing of
     ``sao.envs.tools.render_tool_result`` (stdout without its final newline).

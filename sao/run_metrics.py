@@ -1,4 +1,7 @@
-"""Run metrics: JSONL + TensorBoard writer, a rich progress line and tables.
+"""The run's metric records: JSONL + TensorBoard writer, reader, summary file, progress line and table.
+
+(The dispatcher's fleet counters are ``sao.fleet.metrics``; they reach these
+records as ``fleet/...`` keys.)
 
 Every learner step writes one JSON object to ``<workdir>/metrics.jsonl``::
 
@@ -23,6 +26,10 @@ import time
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                           TimeElapsedColumn)
+from rich.table import Table
+from tensorboardX import SummaryWriter
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -41,6 +48,12 @@ def _to_json_value(value: Any) -> Any:
     if arr.ndim == 0:
         return _to_json_value(arr.item())
     return [_to_json_value(v) for v in arr.tolist()]
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.generic, np.ndarray)) or hasattr(value, "__array__"):
+        return _to_json_value(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _is_scalar(value: Any) -> bool:
@@ -65,7 +78,6 @@ class MetricsWriter:
         self._file = open(self.path, "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
-            from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
         self._t0 = time.monotonic()
 
@@ -121,7 +133,8 @@ def read_metrics(workdir: str) -> list[dict]:
 
 
 def load_run(workdir: str, phase: str = "rl"):
-    """Metrics of one phase as a pandas DataFrame indexed by step (for notebooks).
+    """Metrics of one phase as a pandas DataFrame indexed by step (for notebooks; pandas is
+    the ``notebooks`` extra, imported here only).
 
     Columns are the namespaced keys; list-valued metrics stay as Python lists.
     """
@@ -144,20 +157,20 @@ def staleness_histogram(workdir: str) -> np.ndarray:
     return total
 
 
-def write_summary(workdir: str, summary: Mapping[str, Any]) -> str:
-    """Writes ``summary.json`` atomically; returns its path."""
-    path = os.path.join(workdir, SUMMARY_FILE)
+def write_json(path: str, obj: Any) -> None:
+    """Writes ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename).
+
+    numpy / jax scalars and arrays become Python values; raises TypeError on
+    anything else JSON cannot hold.
+    """
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({k: _to_json_value(v) for k, v in summary.items()}, f, indent=2)
+        json.dump(obj, f, indent=2, default=_json_default)
     os.replace(tmp, path)
-    return path
 
 
 def summary_table(summary: Mapping[str, Any]):
     """A rich Table of the run summary (accuracy / tool use before and after, counts, time)."""
-    from rich.table import Table
-
     def pct(key):
         v = summary.get(key)
         return "-" if v is None else f"{100 * v:.1f}%"
@@ -186,8 +199,6 @@ class Progress:
 
     def __init__(self, total: int, *, description: str = "train",
                  keys: Iterable[str] = (), enabled: bool = True):
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress,
-                                   TextColumn, TimeElapsedColumn)
         self._keys = tuple(keys)
         self._enabled = enabled
         self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(),

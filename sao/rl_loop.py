@@ -1,0 +1,185 @@
+"""The asynchronous RL loop (the paper's algorithm box).
+
+    repeat for step = start .. steps - 1:
+        collect B trajectories from the fleet, in completion order      (staleness ≤ τ, drops counted)
+        update: critic values → skip-observation GAE → K critic steps → DIS actor step
+        publish the new policy version and push it to every rollout worker
+        every eval.every steps: held-out pass@1; every checkpoint.every steps: orbax checkpoint
+
+The loop talks to one trajectory source (the dispatcher, or a replay) and does
+everything else through :class:`LoopHooks`: where a batch comes from (whole
+GRPO groups: :class:`GroupBatcher`), per-row advantages of a running-mean
+baseline, extra batch metrics, publishing, evaluation, checkpoints, metric
+records. Building the learner, the fleet and resuming is ``sao.train``.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from sao.learner.batch import make_train_batch
+from sao.types import Trajectory
+
+
+class TrajectorySource(Protocol):
+    """What the loop needs of the fleet: ``sao.fleet.Dispatcher`` or ``sao.fleet.replay.ReplaySource``."""
+
+    def get_batch(self, timeout: float | None = None) -> list[Trajectory]: ...
+    def push_weights(self, version: int, uri: str, timeout: float | None = None) -> dict: ...
+    def snapshot(self) -> dict: ...
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    """Schedule of the loop (from the experiment config).
+
+    Attributes:
+      steps: total learner steps; ``push_every``: publish + push every N actor
+      updates; ``eval_every`` / ``checkpoint_every``: in learner steps (0 =
+      never); ``batch_timeout_s``: give up when the fleet stalls this long.
+    """
+
+    steps: int
+    push_every: int = 1
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    batch_timeout_s: float | None = None
+
+
+def _no_metrics(*args) -> dict:
+    return {}
+
+
+def _nothing(*args) -> None:
+    return None
+
+
+@dataclasses.dataclass
+class LoopHooks:
+    """What the loop calls besides the learner and the source.
+
+    Attributes:
+      publish: ``publish(states, version) -> uri`` of a params checkpoint.
+      write: ``write(step, metrics)``, one record per step.
+      evaluate: ``evaluate(states, step) -> {"eval/...": ...}``.
+      checkpoint: ``checkpoint(states, step)`` saves a training checkpoint.
+      on_step: ``on_step(step, metrics)`` after each step (progress display).
+      next_batch: ``next_batch(timeout) -> trajectories``; None: ``source.get_batch``.
+      advantages: ``advantages(trajs, B) -> f32[B]`` per-row advantages for
+        ``advantage_estimator="given"`` (``sao.learner.baselines.RunningMeanBaseline``);
+        None: the learner computes them.
+      batch_metrics: ``batch_metrics(trajs) -> dict`` extra metrics of a batch
+        (e.g. the drift env's ``env/...``).
+    """
+
+    publish: Callable[[Any, int], str]
+    write: Callable[[int, dict], None] = _nothing
+    evaluate: Callable[[Any, int], dict] = _no_metrics
+    checkpoint: Callable[[Any, int], None] = _nothing
+    on_step: Callable[[int, dict], None] = _nothing
+    next_batch: Callable[[float | None], list[Trajectory]] | None = None
+    advantages: Callable[[Sequence[Trajectory], int], np.ndarray] | None = None
+    batch_metrics: Callable[[Sequence[Trajectory]], dict] = _no_metrics
+
+
+class GroupBatcher:
+    """GRPO batches: whole groups (``group_size`` rollouts of one prompt in one epoch).
+
+    ``GroupBatcher(source.get_batch, ...)`` is a ``LoopHooks.next_batch``.
+    Trajectories are held until their group ``(prompt_id, epoch)`` is
+    complete, then served ``batch_size // group_size`` groups at a time, so
+    ``make_train_batch`` gives a group one ``group_ids`` value. A group that
+    lost a member (dropped as stale) never completes and is discarded after
+    ``max_pending`` newer groups start. Raises ValueError unless ``group_size``
+    >= 2 divides ``batch_size``.
+    """
+
+    def __init__(self, get_batch: Callable[[float | None], list[Trajectory]], *, group_size: int,
+                 batch_size: int, max_pending: int = 1024):
+        if group_size < 2 or batch_size % group_size:
+            raise ValueError(f"group_size {group_size} must be >= 2 and divide batch_size {batch_size}")
+        self.get_batch, self.group_size = get_batch, group_size
+        self.groups_per_batch, self.max_pending = batch_size // group_size, max_pending
+        self._pending: collections.OrderedDict[tuple[str, int], list] = collections.OrderedDict()
+        self._ready: collections.deque[list] = collections.deque()
+
+    def __call__(self, timeout: float | None = None) -> list[Trajectory]:
+        while len(self._ready) < self.groups_per_batch:
+            trajs = self.get_batch(timeout)
+            if not trajs:
+                return []
+            for t in trajs:
+                key = (t.prompt_id, t.epoch)
+                members = self._pending.setdefault(key, [])
+                members.append(t)
+                if len(members) == self.group_size:
+                    self._ready.append(self._pending.pop(key))
+            while len(self._pending) > self.max_pending:
+                self._pending.popitem(last=False)
+        return [t for _ in range(self.groups_per_batch) for t in self._ready.popleft()]
+
+
+def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:
+    """Outcome statistics of one batch: reward, tool use, lengths, staleness histogram of action tokens."""
+    rewards = np.array([t.reward for t in trajs], np.float64)
+    tools = np.array([t.metadata.get("num_tool_calls", 0) > 0 for t in trajs], np.float64)
+    lags = np.concatenate([learner_version - t.policy_version[t.action_mask] for t in trajs])
+    return {"rollout/reward": rewards.mean(), "rollout/tool_use": tools.mean(),
+            "rollout/length": float(np.mean([t.length for t in trajs])),
+            "rollout/truncated": float(np.mean([t.finish == "length" for t in trajs])),
+            "batch/staleness_counts": np.bincount(np.maximum(lags, 0)).tolist()}
+
+
+def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_step: int,
+          hooks: LoopHooks):
+    """Runs learner steps ``start_step .. loop.steps - 1``; returns ``(states, steps_done, counts)``.
+
+    Args:
+      learner: ``sao.learner.Learner`` (its config gives B, buckets, pad id).
+      states: ``LearnerStates`` (donated step by step).
+      source: the fleet (or a replay): weights are pushed to it, its snapshot
+        becomes the ``fleet/...`` metrics; batches come from it unless
+        ``hooks.next_batch`` is set.
+      loop: the schedule; hooks: see :class:`LoopHooks`.
+    ``counts`` = ``{"trajectories": used, "dropped": dropped by the fleet}``.
+    Raises TimeoutError when no batch arrives within ``loop.batch_timeout_s``.
+    """
+    cfg = learner.cfg
+    next_batch = hooks.next_batch or source.get_batch
+    used, done, pushed = 0, start_step, states.policy_version
+    for step in range(start_step, loop.steps):
+        trajs = next_batch(loop.batch_timeout_s)                         # completion order
+        if not trajs:
+            break                                                      # prompts exhausted
+        batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
+                                 pad_id=cfg.pad_id)
+        metrics = {**batch_metrics(trajs, states.policy_version), **hooks.batch_metrics(trajs)}
+        if hooks.advantages is None:
+            states, m = learner.update(states, batch)                    # critic K steps, DIS actor step
+        else:                                                          # critic-free, caller's baseline
+            states, m = learner.update(states, batch, hooks.advantages(trajs, cfg.batch_size))
+        metrics.update(m)
+        used += len(trajs)
+        version = states.policy_version
+        if version != pushed and version % loop.push_every == 0:
+            source.push_weights(version, hooks.publish(states, version))  # fleet continues on new weights
+            pushed = version
+        snap = source.snapshot()
+        metrics.update({f"fleet/{k}": v for k, v in _scalars(snap).items()})
+        metrics.update({f"fleet/drops/{k}": v for k, v in _scalars(snap.get("drops", {})).items()})
+        if loop.eval_every and (step + 1) % loop.eval_every == 0 and step + 1 < loop.steps:
+            metrics.update(hooks.evaluate(states, step + 1))
+        if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0:
+            hooks.checkpoint(states, step + 1)
+        hooks.write(step + 1, metrics)
+        hooks.on_step(step + 1, metrics)
+        done = step + 1
+    dropped = int(source.snapshot().get("dropped", 0))
+    return states, done, {"trajectories": used, "dropped": dropped}
+
+
+def _scalars(d: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -1,0 +1,267 @@
+"""The learner's side of a run (``--role=learner``, and ``--role=all`` once its workers serve).
+
+:func:`train` runs, in order:
+
+1. SFT warm start of the policy on demonstrations (``sft.steps`` > 0);
+2. held-out pass@1 of the starting policy;
+3. value pretraining of the critic on samples of the starting policy (fresh runs);
+4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers;
+5. held-out pass@1 after RL; ``summary.json`` and a summary table.
+
+Every phase leaves its result in the workdir; a rerun resumes in this order:
+
+* ``sft/`` (published weights + ``result.json``): loaded instead of training;
+* ``eval_before.json``: read instead of evaluating again;
+* ``ckpt/``: no checkpoint → value pretraining, then step 0 is saved; else the
+  latest one is restored: actor and critic train states, policy version, and
+  ``data_state`` = prompt iterator position, dispatcher state (buffered
+  trajectories, prompts to re-issue, answered ids, fleet counters) and the
+  running-mean baseline's buffers;
+* ``publish/`` is cleared (a crashed run may have published ahead of its last
+  checkpoint), then the restored version is published and pushed to the
+  workers before the first lease; RL continues at the checkpoint's step.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from typing import Callable
+
+import numpy as np
+from rich.console import Console
+
+from sao import ckpt, components, rl_loop, run_metrics, sft
+from sao.data import demonstrations
+from sao.data.prompts import PromptStream, prompt_iterator, split_records
+from sao.envs.drift import drift_summary
+from sao.evaluation import Sampler
+from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
+from sao.learner.batch import make_train_batch
+from sao.learner.learner import Learner
+from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
+from sao.rpc.auth import Security
+from sao.workers import read_token
+
+EVAL_BEFORE_FILE = "eval_before.json"
+
+
+def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
+    """All learner phases (module doc) against the workers at ``addresses``; returns the summary.
+
+    Raises ValueError without rollout workers, TimeoutError if the fleet stalls.
+    """
+    if not addresses:
+        raise ValueError("no rollout workers: set rollout.worker_addresses or use --role=all")
+    maybe_initialize_distributed()
+    t0 = time.monotonic()
+    os.makedirs(workdir, exist_ok=True)
+    console = Console()
+
+    def log(text: str) -> None:
+        console.print(f"[bold cyan]sao[/] {text}")
+
+    with run_metrics.MetricsWriter(workdir, tensorboard=cfg.run.tensorboard) as writer:
+        tokenizer = components.make_tokenizer(cfg)
+        tasks = components.make_tasks(cfg)
+        train_records, heldout = split_prompts(cfg, tasks)
+        policy = components.make_policy(cfg, cfg.seed)
+        # 1. SFT warm start (cached in sft/).
+        if cfg.sft.steps:
+            sft_warm_start(cfg, policy, tokenizer, workdir, writer, log)
+        learner = Learner(components.learner_config(cfg), mesh_from_config(cfg.model.mesh), policy)
+        states = learner.init_states()
+        engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in-process sampler
+        sampler = Sampler(engine, components.make_env_factory(cfg, tasks, clock=components.engine_clock(
+                              lambda: engine)), tokenizer, components.sampling_params(cfg, tokenizer),
+                          param_state=lambda s: learner.actor_def.param_state(s.actor.params),
+                          concurrency=cfg.rollout.max_concurrency,
+                          **components.episode_kwargs(cfg, tokenizer))
+
+        def evaluate(states, step: int) -> dict:
+            m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
+            log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
+                f"tool use {100 * m['eval/tool_use']:.1f}%")
+            return m
+
+        # 2. Held-out evaluation of the starting policy (cached in eval_before.json).
+        before = read_json(os.path.join(workdir, EVAL_BEFORE_FILE))
+        if before is None:
+            before = evaluate(states, 0)
+            writer.write(0, before)
+            run_metrics.write_json(os.path.join(workdir, EVAL_BEFORE_FILE), before)
+        # 3. Value pretraining on a fresh run; otherwise restore the latest checkpoint.
+        checkpointer = ckpt.Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=cfg.checkpoint.keep)
+        if checkpointer.latest_step() is None:
+            states = value_pretrain(cfg, learner, states, sampler, train_records, writer, log)
+            save(checkpointer, states, 0, data_state=None)
+            start_step, data_state = 0, {}
+        else:
+            restored = checkpointer.restore(target=learner.abstract_states(states))
+            states, start_step = restored.train_state, restored.step
+            data_state = restored.data_state or {}
+            log(f"resumed at step {start_step} (policy version {states.policy_version})")
+        # 4. Asynchronous RL against the fleet.
+        states, steps_done, fleet = reinforce(cfg, learner, states, addresses, train_records,
+                                              tokenizer, start_step=start_step, data_state=data_state,
+                                              checkpointer=checkpointer, evaluate=evaluate,
+                                              workdir=workdir, writer=writer)
+        checkpointer.close()
+        # 5. Held-out evaluation after RL.
+        after = evaluate(states, steps_done)
+        writer.write(steps_done, after)
+    summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
+               "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
+               "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
+               "eval_prompts": len(heldout), "policy_version": states.policy_version}
+    if cfg.env.drift_schedule:                              # online env: adaptation per switch
+        summary["drift"] = drift_adaptation(cfg, workdir)
+        log(f"drift: adaptation lag per switch {summary['drift']['adaptation_lag']} "
+            f"(policy versions), reward per phase {summary['drift']['phase_reward']}")
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    run_metrics.write_json(os.path.join(workdir, run_metrics.SUMMARY_FILE), summary)
+    console.print(run_metrics.summary_table(summary))
+    return summary
+
+
+def split_prompts(cfg, tasks: dict) -> tuple[list[dict], list[dict]]:
+    """``(train records, held-out records)``: the tasks' prompts split by ``data.heldout_fraction``
+    (seed ``data.split_seed``), held out cut to ``eval.num_prompts``.
+
+    Raises ValueError if fewer than ``eval.num_prompts`` prompts are held out.
+    """
+    records = [r for t in tasks.values() for r in t.records()]
+    train_records, heldout = split_records(records, heldout_fraction=cfg.data.heldout_fraction,
+                                           seed=cfg.data.split_seed)
+    if len(heldout) < cfg.eval.num_prompts:
+        raise ValueError(f"only {len(heldout)} held-out prompts < eval.num_prompts "
+                         f"{cfg.eval.num_prompts}: raise env.task_size or data.heldout_fraction")
+    return train_records, heldout[:cfg.eval.num_prompts]
+
+
+def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[str], None]) -> None:
+    """Phase 1: ``sft.steps`` of SFT on reasoning-gym demonstrations (``sao.sft.cached_sft``), in place."""
+    s = cfg.sft
+    conf = cfg.env.task_config.get(s.task)                 # generator settings of the RL task, if any
+
+    def make_data():
+        demos = demonstrations.arithmetic_demonstrations(
+            s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
+            task_kwargs=conf.to_dict() if conf is not None else {})
+        return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
+
+    log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "
+        f"({100 * s.tool_fraction:.0f}% call the tool)")
+    res = sft.cached_sft(policy, workdir, make_data, steps=s.steps, batch_size=s.batch_size,
+                         lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed,
+                         log=lambda step, m: writer.write(step, m, phase="sft"))
+    log(f"SFT {'loaded from cache' if res['sft/cached'] else 'done'}: loss {res['sft/loss']:.3f}")
+
+
+def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[dict], writer,
+                   log: Callable[[str], None]):
+    """Phase 3: fits the critic on ``train.value_pretrain_trajectories`` samples of the starting
+    policy (``Learner.value_pretrain``); returns the states (unchanged without a critic)."""
+    lc, n = learner.cfg, cfg.train.value_pretrain_trajectories
+    if not lc.uses_critic or not lc.value_pretrain_steps or n < 1:
+        return states
+    prompts = random.Random(cfg.seed).sample(train_records, min(n, len(train_records)))
+    trajs = sampler.sample(states, prompts)
+    B = lc.batch_size
+    batches = [make_train_batch(trajs[i:i + B], buckets=lc.length_buckets, batch_size=B,
+                                pad_id=lc.pad_id) for i in range(0, len(trajs), B)]
+    states, res = learner.value_pretrain(states, batches)
+    for i, ev in enumerate(res["history"]):
+        writer.write(i, {"value_pretrain/explained_variance": ev}, phase="value_pretrain")
+    log(f"value pretraining: {res['steps']} critic steps on {len(trajs)} trajectories, "
+        f"explained variance {res['explained_variance']:.3f}")
+    return states
+
+
+def reinforce(cfg, learner, states, addresses: list[str], train_records: list[dict], tokenizer, *,
+              start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer):
+    """Phase 4: the RL loop from ``start_step`` with a dispatcher over ``addresses``.
+
+    ``data_state`` is the restored checkpoint's (``{}`` on a fresh run). Returns
+    ``(states, steps done, the dispatcher's final snapshot)``.
+    """
+    baseline = components.running_mean_baseline(cfg)      # running-mean advantages, or None
+    if baseline is not None and data_state.get("baseline"):
+        baseline.load_state_dict(data_state["baseline"])
+    publish_dir = os.path.join(workdir, "publish")
+    shutil.rmtree(publish_dir, ignore_errors=True)         # a crashed run may have published ahead
+
+    def publish(s, version: int) -> str:
+        return ckpt.publish(publish_dir, version, learner.actor_def.param_state(s.actor.params), keep=3)
+
+    stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
+                                          state=data_state.get("prompts")), cfg.rollout.group_size)
+    dispatcher = Dispatcher(addresses, stream, DispatcherConfig(
+        batch_size=cfg.learner.batch_size, vocab_size=tokenizer.vocab_size, tau=cfg.rollout.tau,
+        initial_version=states.policy_version, max_length=max(learner.cfg.length_buckets),
+        security=Security(token=read_token(cfg.rollout.token_file))))
+    if data_state.get("dispatcher"):
+        dispatcher.load_state_dict(data_state["dispatcher"])
+    dispatcher.push_weights(states.policy_version, publish(states, states.policy_version))
+
+    def checkpoint(s, step: int) -> None:
+        save(checkpointer, s, step, data_state={
+            "prompts": stream.get_state(), "dispatcher": dispatcher.state_dict(),
+            "baseline": baseline.state_dict() if baseline is not None else None})
+
+    group_size = cfg.rollout.group_size
+    loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
+                              eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
+                              batch_timeout_s=cfg.run.batch_timeout_s)
+    with dispatcher, run_metrics.Progress(cfg.run.steps, description="SAO", enabled=cfg.run.progress,
+                                          keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
+                                                "critic/explained_variance")) as bar:
+        bar.update(start_step)
+        hooks = rl_loop.LoopHooks(
+            publish=publish, write=writer.write, evaluate=evaluate, checkpoint=checkpoint,
+            on_step=bar.update, advantages=baseline, batch_metrics=env_metrics,
+            next_batch=None if group_size == 1 else rl_loop.GroupBatcher(
+                dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size))
+        states, steps_done, _ = rl_loop.train(learner, states, dispatcher, loop=loop,
+                                              start_step=start_step, hooks=hooks)
+        checkpoint(states, steps_done)
+    return states, steps_done, dispatcher.snapshot()  # counts are cumulative over resumes
+
+
+def save(checkpointer, states, step: int, *, data_state) -> None:
+    """Saves the train states at ``step`` (once per step) and waits for the write."""
+    if step in checkpointer.all_steps():
+        return
+    checkpointer.save(step, train_state=states, policy_version=states.policy_version,
+                      data_state=data_state, extra={}, force=True)
+    checkpointer.wait()
+
+
+def env_metrics(trajs) -> dict:
+    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
+    drift = [t.metadata for t in trajs if "phase" in t.metadata]
+    if not drift:
+        return {}
+    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
+            "env/phase": float(max(m["phase"] for m in drift)),
+            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
+            "env/quality": float(np.mean([m["quality"] for m in drift])),
+            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
+
+
+def drift_adaptation(cfg, workdir: str) -> dict:
+    """``sao.envs.drift.drift_summary`` of the run's RL records (``env.drift_schedule`` switches)."""
+    rl = [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"]
+    return drift_summary(rl, tuple(cfg.env.drift_schedule),
+                         recovery_fraction=cfg.env.drift_recovery_fraction,
+                         window=cfg.env.drift_recovery_window)
+
+
+def read_json(path: str) -> dict | None:
+    """The JSON object in ``path``, or None if there is no such file."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,13 @@
+"""Held-out metrics of sampled episodes (sao.evaluation)."""
+import pytest
+
+from sao import evaluation
+from test_rl_loop import traj
+
+
+def test_pass_at_1():
+    trajs = [traj("a", 1.0, (4, 4), tools=1), traj("b", 0.0, (2, 3, 4))]
+    e = evaluation.pass_at_1(trajs)
+    assert e["eval/accuracy"] == 0.5 and e["eval/tool_use"] == 0.5 and e["eval/prompts"] == 2
+    with pytest.raises(ValueError):
+        evaluation.pass_at_1([])

@@ -1,0 +1,94 @@
+"""RL loop pieces that need no model: batch metrics, GRPO group assembly, the loop with a fake learner."""
+import types
+
+import numpy as np
+import pytest
+
+from sao import rl_loop
+from sao.types import Trajectory
+
+
+def traj(prompt_id, reward=1.0, versions=(3, 3, 4), tools=0, epoch=0, group=0):
+    n = len(versions)
+    return Trajectory(tokens=np.arange(n + 2), action_mask=[False, False] + [True] * n,
+                      rollout_logprobs=[0.0, 0.0] + [-0.5] * n, policy_version=[0, 0, *versions],
+                      reward=reward, finish="stop", prompt_id=prompt_id, trajectory_id=prompt_id,
+                      metadata={"num_tool_calls": tools}, epoch=epoch, group=group)
+
+
+class FakeSource:
+    def __init__(self, batches):
+        self.batches, self.pushed = list(batches), []
+
+    def get_batch(self, timeout=None):
+        return self.batches.pop(0) if self.batches else []
+
+    def push_weights(self, version, uri, timeout=None):
+        self.pushed.append((version, uri))
+        return {}
+
+    def snapshot(self):
+        return {"dropped": 2, "trained": 0, "drops": {"stale": 2}}
+
+
+def test_batch_metrics():
+    trajs = [traj("a", 1.0, (4, 4), tools=1), traj("b", 0.0, (2, 3, 4))]
+    m = rl_loop.batch_metrics(trajs, learner_version=4)
+    assert m["rollout/reward"] == 0.5 and m["rollout/tool_use"] == 0.5
+    assert m["batch/staleness_counts"] == [3, 1, 1]          # lags 0,0,0 | 2,1,0 ... per action token
+
+
+def test_group_batcher_serves_whole_groups():
+    # Groups of 2, batch of 4 = 2 groups; members arrive interleaved and across batches.
+    src = FakeSource([[traj("p1", group=0), traj("p2", group=0), traj("p3", group=1), traj("p1", group=1)],
+                      [traj("p2", group=1), traj("p3", group=0), traj("p4", group=0), traj("p5", group=0)]])
+    g = rl_loop.GroupBatcher(src.get_batch, group_size=2, batch_size=4)
+    first = g()
+    assert [(t.prompt_id, t.epoch) for t in first] == [("p1", 0), ("p1", 0), ("p2", 0), ("p2", 0)]
+    assert sorted(t.group for t in first[:2]) == [0, 1]
+    # p3 completes in the second source batch but p4, p5 never do: no partial batch is served.
+    assert g() == []
+    assert list(g._ready) and [t.prompt_id for t in g._ready[0]] == ["p3", "p3"]
+    with pytest.raises(ValueError):
+        rl_loop.GroupBatcher(src.get_batch, group_size=3, batch_size=4)
+
+
+def test_group_batcher_keeps_epochs_apart():
+    # The same prompt in two epochs is two groups, even when their members interleave.
+    src = FakeSource([[traj("p", epoch=0, group=0), traj("p", epoch=1, group=0),
+                       traj("p", epoch=1, group=1), traj("p", epoch=0, group=1)]])
+    g = rl_loop.GroupBatcher(src.get_batch, group_size=2, batch_size=2)
+    assert [(t.epoch, t.group) for t in g()] == [(1, 0), (1, 1)]
+    assert [(t.epoch, t.group) for t in g()] == [(0, 0), (0, 1)]
+
+
+class FakeLearner:
+    """Counts updates; every update is one actor update (policy version + 1)."""
+
+    cfg = types.SimpleNamespace(length_buckets=(8,), batch_size=4, pad_id=0)
+
+    def __init__(self):
+        self.advantages = []
+
+    def update(self, states, batch, seq_advantages=None):
+        self.advantages.append(seq_advantages)
+        return types.SimpleNamespace(policy_version=states.policy_version + 1), {"actor/loss": 0.0}
+
+
+def test_loop_pulls_batches_from_the_hook_and_pushes_to_the_source():
+    src = FakeSource([[traj("p1", group=0), traj("p1", group=1)],
+                      [traj("p2", group=0), traj("p2", group=1)], []])
+    learner, records = FakeLearner(), []
+    hooks = rl_loop.LoopHooks(
+        publish=lambda states, version: f"uri{version}",
+        write=lambda step, m: records.append((step, m)),
+        next_batch=rl_loop.GroupBatcher(src.get_batch, group_size=2, batch_size=2),
+        advantages=lambda trajs, b: np.full((b,), 0.5, np.float32),
+        batch_metrics=lambda trajs: {"env/n": float(len(trajs))})
+    states, done, counts = rl_loop.train(learner, types.SimpleNamespace(policy_version=0), src,
+                                         loop=rl_loop.LoopConfig(steps=5), start_step=0, hooks=hooks)
+    assert (states.policy_version, done, counts) == (2, 2, {"trajectories": 4, "dropped": 2})
+    assert src.pushed == [(1, "uri1"), (2, "uri2")]          # weights reach the fleet
+    assert [s for s, _ in records] == [1, 2] and records[0][1]["env/n"] == 2.0
+    assert records[0][1]["fleet/drops/stale"] == 2.0
+    np.testing.assert_array_equal(learner.advantages[0], [0.5, 0.5, 0.5, 0.5])
