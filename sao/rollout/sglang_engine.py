@@ -12,10 +12,17 @@ Facts this client relies on (checked against sglang-jax 0.1.0rc0):
   entries, so the last ``len(output_ids)`` entries are used (and checked).
 * ``finish_reason.type`` is ``stop`` (a stop id or the model's eos, kept in
   ``output_ids``), ``length`` or ``abort``.
-* Weights: ``POST /update_weights_from_disk`` then ``/flush_cache``. Servers
-  without that endpoint (sglang-jax) reload by restarting
-  (``restart_on_reload=True`` with a ``SGLangServer``): new requests wait,
-  in-flight ones finish first, so every completion has one version.
+* Weights (``reload``): ``"update_weights_from_disk"`` posts the HF
+  directory to that endpoint, then ``/flush_cache`` (SGLang). Servers without
+  it (sglang-jax answers 404) reload by ``"restart"``: new requests wait,
+  in-flight ones finish first, and the supervised ``SGLangServer`` is
+  restarted on the new directory, so every completion has one version. A
+  supervised server found dead is restarted on the next load in either mode.
+* Failures are bounded: ``max_reload_failures`` loads failing in a row make
+  the engine unusable (``unusable`` says why): every later call raises
+  EngineError at once and ``health()`` is False, so the worker can report
+  itself unusable instead of being retried forever. A load that succeeds in
+  between resets the count.
 
 Versions: a completion is labelled with the version the client served when
 the request was sent (or the server's ``weight_version`` if it reports one).
@@ -38,6 +45,7 @@ from sao.rollout.base import Completion, Engine, EngineError, SamplingParams, ch
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RELOAD_MODES = ("update_weights_from_disk", "restart")
 
 
 class _Retryable(Exception):
@@ -54,24 +62,40 @@ class SGLangEngine(Engine):
         counts); connect_timeout_s: time to connect.
       max_retries: extra attempts after a connection error, timeout, 5xx/429
         or aborted request; backoff_s: first wait, doubled each retry (+jitter).
-      server: the ``SGLangServer`` to restart when ``restart_on_reload``.
-      restart_on_reload: reload weights by restarting ``server`` on the new
-        model directory instead of ``/update_weights_from_disk``.
-    Raises ValueError if ``restart_on_reload`` is set without a server.
+      server: the ``SGLangServer`` serving ``base_url`` when this engine
+        supervises it (started by the caller; ``health()`` is False while its
+        process is dead, and a load restarts it), or None to attach by URL.
+      reload: ``"update_weights_from_disk"`` or ``"restart"`` (needs ``server``).
+      reload_timeout_s: time allowed for one ``/update_weights_from_disk``
+        attempt (retried like other requests); a restart is bounded by the
+        server's own stop and ready timeouts.
+      max_reload_failures: loads failing in a row before the engine is unusable.
+    Raises ValueError on an unknown ``reload``, ``"restart"`` without a server,
+    or ``max_reload_failures < 1``.
     """
 
     def __init__(self, base_url: str, *, version: int = 0, timeout_s: float = 600.0,
                  connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 server=None, restart_on_reload: bool = False):
-        if restart_on_reload and server is None:
-            raise ValueError("restart_on_reload needs the SGLangServer to restart")
+                 server=None, reload: str = "update_weights_from_disk",
+                 reload_timeout_s: float = 120.0, max_reload_failures: int = 3):
+        if reload not in RELOAD_MODES:
+            raise ValueError(f"reload must be one of {RELOAD_MODES}, got {reload!r}")
+        if reload == "restart" and server is None:
+            raise ValueError("reload='restart' needs the SGLangServer to restart")
+        if max_reload_failures < 1:
+            raise ValueError(f"max_reload_failures must be >= 1, got {max_reload_failures}")
         self.base_url = base_url.rstrip("/")
         self._version = int(version)
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
+        self._reload_timeout = aiohttp.ClientTimeout(total=reload_timeout_s,
+                                                     connect=connect_timeout_s)
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.server = server
-        self.restart_on_reload = restart_on_reload
+        self.reload = reload
+        self.max_reload_failures = int(max_reload_failures)
+        self.reload_failures = 0  # in a row
+        self.unusable: str | None = None  # why the engine gave up, once it has
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.num_retries = 0
@@ -139,8 +163,10 @@ class SGLangEngine(Engine):
             },
             "return_logprob": True,
         }
+        self._check_usable()
         self._bind_loop()
         await self._open.wait()
+        self._check_usable()  # a restart that failed for good while this request waited
         self._inflight += 1
         try:
             for attempt in range(self.max_retries + 1):
@@ -166,8 +192,11 @@ class SGLangEngine(Engine):
         the path must be readable by the server.
 
         Raises ValueError if ``version`` is older than the served one or ``uri``
-        is not a path; EngineError if the server refuses the update.
+        is not a path; EngineError if the server refuses the update, the
+        restart fails, or the engine is unusable (``max_reload_failures``
+        loads failed in a row; the message says so).
         """
+        self._check_usable()
         if version < self._version:
             raise ValueError(f"version {version} is older than the served {self._version}")
         if not isinstance(uri, str):
@@ -178,23 +207,44 @@ class SGLangEngine(Engine):
         async with self._reload_lock:  # one reload at a time, in version order
             if version < self._version:
                 return  # a newer version was loaded while this one waited
-            await self._reload(int(version), uri)
+            self._check_usable()  # a load that waited for the lock may find it given up
+            try:
+                await self._reload(int(version), uri)
+            except Exception as e:
+                self.reload_failures += 1
+                if self.reload_failures >= self.max_reload_failures:
+                    self.unusable = (f"{self.reload_failures} weight loads failed in a row, "
+                                     f"the last ({uri}, version {version}): {e}")
+                    log.error("SGLang engine at %s is unusable: %s", self.base_url, self.unusable)
+                raise
+            self.reload_failures = 0
+
+    def _check_usable(self) -> None:
+        if self.unusable is not None:
+            raise EngineError(f"SGLang engine at {self.base_url} is unusable: {self.unusable}")
+
+    def _server_dead(self) -> bool:
+        return self.server is not None and not self.server.running()
 
     async def _reload(self, version: int, uri: str) -> None:
-        if self.restart_on_reload:
+        if self.reload == "restart" or self._server_dead():
             self._open.clear()
             try:
                 async with self._idle:
                     await self._idle.wait_for(lambda: self._inflight == 0)
                 if self._session is not None:
                     await self._session.close()
-                await asyncio.to_thread(self.server.restart, uri)
+                try:
+                    await asyncio.to_thread(self.server.restart, uri)
+                except (RuntimeError, OSError) as e:  # not ready in time, exited, no python
+                    raise EngineError(f"restarting the server on {uri} failed: {e}") from e
                 self._version = version
             finally:
                 self._open.set()
             return
         out = await self._post("/update_weights_from_disk",
-                               {"model_path": uri, "weight_version": str(version)})
+                               {"model_path": uri, "weight_version": str(version)},
+                               timeout=self._reload_timeout)
         if not out.get("success", False):
             raise EngineError(f"update_weights_from_disk refused: {out.get('message', out)}")
         self._version = version
@@ -204,7 +254,10 @@ class SGLangEngine(Engine):
             log.info("flush_cache after weight update: %s", e)
 
     async def health(self) -> bool:
-        """``GET /health`` answers 200 and a one-token generation succeeds."""
+        """``GET /health`` answers 200 and a one-token generation succeeds
+        (False at once when unusable or the supervised server is dead)."""
+        if self.unusable is not None or self._server_dead():
+            return False
         probe = aiohttp.ClientTimeout(total=30.0)
         try:
             async with self._http().get(self.base_url + "/health", timeout=probe) as resp:

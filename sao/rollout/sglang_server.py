@@ -155,6 +155,10 @@ class SGLangServer:
         except subprocess.TimeoutExpired:
             pass
 
+    def running(self) -> bool:
+        """True while the server process started by `start` has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
     def restart(self, model_path: str | None = None) -> None:
         """Stops the server and starts it again, on ``model_path`` if given."""
         self.stop()

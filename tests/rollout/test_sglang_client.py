@@ -128,6 +128,9 @@ def test_restart_on_reload_drains_in_flight_requests_first():
     events = []
 
     class Server:
+        def running(self):
+            return True
+
         def restart(self, path):
             events.append(("restart", path))
 
@@ -143,11 +146,11 @@ def test_restart_on_reload_drains_in_flight_requests_first():
         await reload
         c2 = await second
         return c1, c2
-    c1, c2 = run_with(fake, body, server=Server(), restart_on_reload=True)
+    c1, c2 = run_with(fake, body, server=Server(), reload="restart")
     assert events == [("first_done", [0, 0, 0]), ("restart", "/hf/1")]
     assert c2.versions == [1, 1, 1] and fake.updates == []
     with pytest.raises(ValueError, match="needs the SGLangServer"):
-        SGLangEngine("http://x", restart_on_reload=True)
+        SGLangEngine("http://x", reload="restart")
 
 
 def test_engine_survives_successive_event_loops():

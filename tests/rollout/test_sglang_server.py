@@ -83,7 +83,7 @@ def test_sglang_server_logprobs_match_and_reload_by_restart(tmp_path):
 
     try:
         server.start()
-        engine = SGLangEngine(server.base_url, server=server, restart_on_reload=True,
+        engine = SGLangEngine(server.base_url, server=server, reload="restart",
                               timeout_s=120)
         first, second = asyncio.run(main(engine))
     finally:
