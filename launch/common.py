@@ -8,6 +8,7 @@ subprocesses; remote ones through the command itself, e.g. ``gcloud ... ssh``).
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import subprocess
 import sys
@@ -59,7 +60,6 @@ def run_steps(steps: Sequence[Step]) -> int:
     Returns the first non-zero exit status (0 if all succeed); background
     processes are terminated when a foreground step fails.
     """
-    import os
     background: list[subprocess.Popen] = []
     status = 0
     try:

@@ -14,11 +14,11 @@ the ``sbatch`` command instead of submitting.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
 if __package__ in (None, ""):
-    import os
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch.common import Step, add_common_flags, print_steps, run_steps, sao_main  # noqa: E402
 
@@ -82,7 +82,6 @@ def main(argv=None) -> int:
         print(script)
         print_steps(steps)
         return 0
-    import os
     os.makedirs(args.workdir, exist_ok=True)
     with open(path, "w") as f:
         f.write(script)

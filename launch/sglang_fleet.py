@@ -13,10 +13,10 @@ workers load into their server (``/update_weights_from_disk``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 if __package__ in (None, ""):
-    import os
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
 
