@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 
+from sao.models import gguf_io
 from sao.models.tokenizer import HFTokenizer, load_hf_tokenizer
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where recent transformers save the template
@@ -37,8 +38,6 @@ def load_tokenizer(path: str) -> HFTokenizer:
         ``sao.models.gguf_io.tokenizer_from_gguf``) or no eos token.
     """
     if os.path.isfile(path) and path.endswith(".gguf"):
-        from sao.models import gguf_io
-
         meta = gguf_io.read_gguf_metadata(path)
         vocab_size = gguf_io.hf_config_from_gguf(meta)["vocab_size"]
         return gguf_io.tokenizer_from_gguf(meta, vocab_size=vocab_size)
