@@ -218,7 +218,7 @@ def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
 def value_pretrain(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
                    batches: Iterable[TrainBatch], *, ev_threshold: float | None = None,
                    max_steps: int | None = None) -> tuple[LearnerStates, dict]:
-    """Fits the critic to Monte-Carlo returns before RL (VC-PPO style, §5).
+    """Fits the critic to Monte-Carlo returns before RL (VC-PPO style, docs/algorithm.md §5).
 
     Cycles over ``batches`` (built from trajectories of the initial policy);
     before each critic step it measures the explained variance of the critic
