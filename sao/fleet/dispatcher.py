@@ -32,84 +32,26 @@ Unusable workers: one that rejects the credentials (``UNAUTHENTICATED`` /
 newer than the learner's version (a worker left over from a run that got
 further; engines refuse to load older weights) is logged and retried on each
 reconnect, and serves again once the learner's published version reaches
-its own. When every worker is unusable, ``get_batch`` raises ``FleetError``
-instead of blocking.
+its own (``sao.fleet.roster``). When every worker is unusable, ``get_batch``
+raises ``FleetError`` instead of blocking. Settings: ``sao.fleet.dispatch_config``.
 """
 from __future__ import annotations
 
 import base64
 import collections
 import concurrent.futures
-import dataclasses
-import logging
 import threading
 import time
 from typing import Iterable
 
 from sao.fleet import staleness
+from sao.fleet.dispatch_config import DispatcherConfig, FleetError
 from sao.fleet.leases import Lease, LeaseBook
 from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
-from sao.rpc import auth, codec, sao_pb2
+from sao.fleet.roster import Roster
+from sao.rpc import codec, sao_pb2
 from sao.types import Trajectory, validate
-
-log = logging.getLogger(__name__)
-
-
-class FleetError(RuntimeError):
-    """No worker of the fleet can serve this dispatcher (credentials, versions)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DispatcherConfig:
-    """Dispatch settings.
-
-    Attributes:
-      batch_size: B, trajectories per learner batch.
-      vocab_size: ids at or above it are rejected (``bad_token_id``).
-      tau: staleness bound in versions (docs/algorithm.md §6; 0 = synchronous RL).
-      max_in_flight: prompts in flight + buffered; default ``(tau+1)*batch_size``.
-      capacity_per_worker: leases per worker; default the worker's
-        ``max_concurrency``.
-      max_attempts: issues of a prompt whose episode failed before giving up.
-      lease_timeout_s: issue a lease again to another worker after this long
-        (None: only when its worker is lost).
-      initial_version: learner version before the first ``push_weights``.
-      reconnect_s: seconds between reconnection attempts to a lost worker.
-      rpc_timeout_s: deadline of unary calls (Status, UpdateWeights).
-      security: token / TLS (``sao.rpc.auth.Security``).
-      max_length: longer trajectories are rejected (``too_long``); the learner's
-        largest length bucket. None: unbounded (the learner may then fail to pad).
-      max_abs_reward: rewards with a larger ``|r|`` are rejected (``reward_out_of_range``).
-    """
-
-    batch_size: int
-    vocab_size: int
-    tau: int = 4
-    max_in_flight: int | None = None
-    capacity_per_worker: int | None = None
-    max_attempts: int = 3
-    lease_timeout_s: float | None = None
-    initial_version: int = 0
-    reconnect_s: float = 0.25
-    rpc_timeout_s: float = 60.0
-    security: auth.Security = auth.Security()
-    max_length: int | None = None
-    max_abs_reward: float | None = 1e6
-
-    def __post_init__(self):
-        staleness.max_in_flight(self.batch_size, self.tau)  # validates both
-        if min(self.vocab_size, self.max_attempts,
-               1 if self.max_length is None else self.max_length) < 1:
-            raise ValueError("vocab_size, max_attempts and max_length (if set) must be >= 1")
-        if self.max_abs_reward is not None and not self.max_abs_reward > 0:
-            raise ValueError(f"max_abs_reward must be > 0, got {self.max_abs_reward}")
-        if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
-            raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
-
-    @property
-    def budget(self) -> int:
-        return self.max_in_flight or staleness.max_in_flight(self.batch_size, self.tau)
 
 
 class Dispatcher:
@@ -133,8 +75,7 @@ class Dispatcher:
         self._version = config.initial_version
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
-        self._unusable: dict[str, str] = {}  # address -> why it cannot serve now
-        self._rejected: set[str] = set()     # addresses that refused the credentials
+        self._roster = Roster()  # workers that cannot serve now, and why
         self.metrics = FleetMetrics()
         self._started = False
         for address in workers:
@@ -198,7 +139,7 @@ class Dispatcher:
                 self._drop_stale_buffered()
                 if len(self._buffer) >= B or self._book.exhausted:
                     break
-                self._raise_if_no_usable_worker()
+                self._roster.raise_if_none_usable(self._links, any_live=bool(self._live))
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
                 self._cv.wait(0.05)
@@ -219,11 +160,9 @@ class Dispatcher:
             if version < self._version:
                 raise ValueError(f"version {version} < learner version {self._version}")
             self._version, self._weights = int(version), (int(version), str(uri))
-            for address in list(self._unusable):  # caught up with a worker that was ahead:
-                if (address not in self._rejected  # it rejoins on its next reconnect
-                        and self.metrics.worker(address).version <= self._version):
-                    del self._unusable[address]
-                    self.metrics.worker(address).problem = ""
+            for address in self._roster.caught_up(  # it rejoins on its next reconnect
+                    self._version, lambda a: self.metrics.worker(a).version):
+                self.metrics.worker(address).problem = ""
             links = list(self._live)
         results: dict[str, object] = {}
         try:
@@ -300,33 +239,19 @@ class Dispatcher:
     def link_rejected(self, link: WorkerLink, error: str) -> None:
         """The worker refused the credentials: the link has stopped for good."""
         with self._cv:
-            self._rejected.add(link.address)
-            self._unusable[link.address] = f"rejected the credentials ({error})"
-            self.metrics.worker(link.address).problem = self._unusable[link.address]
+            self.metrics.worker(link.address).problem = self._roster.reject(link.address, error)
             self._cv.notify_all()
 
     def link_usable(self, link: WorkerLink, worker_version: int) -> str | None:
         """Why the worker (holding ``worker_version``) cannot serve now, or None."""
         with self._cv:
             stats = self.metrics.worker(link.address)
-            reason = None
-            if worker_version > self._version:
-                # Engines refuse to load older weights, so neither the latest
-                # publish nor a sync can bring it back; it is retried on every
-                # reconnect and serves again once the learner catches up.
-                reason = (f"worker holds weights version {worker_version}, newer than the learner "
-                          f"version {self._version} (engines refuse older weights): every "
-                          "trajectory would be a future_version drop; restart the worker, or "
-                          "set DispatcherConfig.initial_version to the learner's version")
+            reason = self._roster.check(link.address, worker_version, self._version)
             if reason is None:
-                if link.address not in self._rejected:
-                    self._unusable.pop(link.address, None)
+                if link.address not in self._roster.rejected:
                     stats.problem = ""
                 return None
-            if self._unusable.get(link.address) != reason:
-                log.warning("worker %s unusable: %s", link.address, reason)
-            self._unusable[link.address] = stats.problem = reason
-            stats.version = worker_version
+            stats.problem, stats.version = reason, worker_version
             self._cv.notify_all()
             return reason
 
@@ -355,14 +280,6 @@ class Dispatcher:
             self._cv.notify_all()
 
     # -- internals (hold self._cv) ---------------------------------------
-    def _raise_if_no_usable_worker(self) -> None:
-        if self._live or not self._links or not all(a in self._unusable for a in self._links):
-            return
-        detail = "; ".join(f"{a}: {self._unusable[a]}" for a in self._links)
-        if all(a in self._rejected for a in self._links):
-            raise FleetError(f"all workers rejected the credentials: {detail}")
-        raise FleetError(f"no usable worker: {detail}")
-
     def _finish_prompt(self, prompt_id: str) -> None:
         """Marks a prompt answered and cancels its other leases on their workers."""
         for lease in self._book.finish(prompt_id):

@@ -1,0 +1,67 @@
+"""The dispatcher's settings (``DispatcherConfig``) and its one error type."""
+from __future__ import annotations
+
+import dataclasses
+
+from sao.fleet import staleness
+from sao.rpc import auth
+
+
+class FleetError(RuntimeError):
+    """No worker of the fleet can serve this dispatcher (credentials, versions)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherConfig:
+    """Dispatch settings.
+
+    Attributes:
+      batch_size: B, trajectories per learner batch.
+      vocab_size: ids at or above it are rejected (``bad_token_id``).
+      tau: staleness bound in versions (docs/algorithm.md §6; 0 = synchronous RL).
+      max_in_flight: prompts in flight + buffered; default ``(tau+1)*batch_size``.
+      capacity_per_worker: leases per worker; default the worker's
+        ``max_concurrency``.
+      max_attempts: issues of a prompt whose episode failed before giving up.
+      lease_timeout_s: issue a lease again to another worker after this long
+        (None: only when its worker is lost).
+      initial_version: learner version before the first ``push_weights``.
+      reconnect_s: seconds between reconnection attempts to a lost worker.
+      rpc_timeout_s: deadline of unary calls (Status, UpdateWeights).
+      security: token / TLS (``sao.rpc.auth.Security``).
+      max_length: longer trajectories are rejected (``too_long``); the learner's
+        largest length bucket. None: unbounded (the learner may then fail to pad).
+      max_abs_reward: rewards with a larger ``|r|`` are rejected (``reward_out_of_range``).
+
+    Raises ValueError from ``__post_init__`` on a bad batch size, tau, vocab
+    size, attempt count, length or reward bound, or a budget below one batch.
+    """
+
+    batch_size: int
+    vocab_size: int
+    tau: int = 4
+    max_in_flight: int | None = None
+    capacity_per_worker: int | None = None
+    max_attempts: int = 3
+    lease_timeout_s: float | None = None
+    initial_version: int = 0
+    reconnect_s: float = 0.25
+    rpc_timeout_s: float = 60.0
+    security: auth.Security = auth.Security()
+    max_length: int | None = None
+    max_abs_reward: float | None = 1e6
+
+    def __post_init__(self):
+        staleness.max_in_flight(self.batch_size, self.tau)  # validates both
+        if min(self.vocab_size, self.max_attempts,
+               1 if self.max_length is None else self.max_length) < 1:
+            raise ValueError("vocab_size, max_attempts and max_length (if set) must be >= 1")
+        if self.max_abs_reward is not None and not self.max_abs_reward > 0:
+            raise ValueError(f"max_abs_reward must be > 0, got {self.max_abs_reward}")
+        if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
+            raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
+
+    @property
+    def budget(self) -> int:
+        """Prompts in flight + trajectories buffered allowed at once."""
+        return self.max_in_flight or staleness.max_in_flight(self.batch_size, self.tau)

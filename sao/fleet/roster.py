@@ -1,0 +1,67 @@
+"""Which workers cannot serve the dispatcher now, and why.
+
+Two kinds: a worker that refused the credentials (``UNAUTHENTICATED`` /
+``PERMISSION_DENIED``) is unusable for good; one holding weights newer than
+the learner's version (left over from a run that got further; engines refuse
+to load older weights) is unusable until the learner's published version
+reaches its own. Not thread-safe: the dispatcher calls it under its lock.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+from sao.fleet.dispatch_config import FleetError
+
+log = logging.getLogger(__name__)
+
+
+class Roster:
+    """Unusable workers by address with the reason for each."""
+
+    def __init__(self):
+        self.unusable: dict[str, str] = {}  # address -> why it cannot serve now
+        self.rejected: set[str] = set()     # addresses that refused the credentials
+
+    def reject(self, address: str, error: str) -> str:
+        """The worker refused the credentials (``error``); returns the reason kept."""
+        self.rejected.add(address)
+        self.unusable[address] = f"rejected the credentials ({error})"
+        return self.unusable[address]
+
+    def check(self, address: str, worker_version: int, learner_version: int) -> str | None:
+        """Why the worker holding ``worker_version`` cannot serve a learner at
+        ``learner_version`` (kept and logged once), or None (and any earlier
+        version reason is cleared)."""
+        if worker_version <= learner_version:
+            if address not in self.rejected:
+                self.unusable.pop(address, None)
+            return None
+        reason = (f"worker holds weights version {worker_version}, newer than the learner "
+                  f"version {learner_version} (engines refuse older weights): every "
+                  "trajectory would be a future_version drop; restart the worker, or "
+                  "set DispatcherConfig.initial_version to the learner's version")
+        if self.unusable.get(address) != reason:
+            log.warning("worker %s unusable: %s", address, reason)
+        self.unusable[address] = reason
+        return reason
+
+    def caught_up(self, learner_version: int, version_of: Callable[[str], int]) -> list[str]:
+        """Clears (and returns) the workers that were ahead of the learner and
+        no longer are; each rejoins on its link's next reconnect."""
+        cleared = [a for a in self.unusable
+                   if a not in self.rejected and version_of(a) <= learner_version]
+        for address in cleared:
+            del self.unusable[address]
+        return cleared
+
+    def raise_if_none_usable(self, addresses: Iterable[str], any_live: bool) -> None:
+        """Raises ``FleetError`` when no worker is live and every one of
+        ``addresses`` is unusable (the message names each reason)."""
+        addresses = list(addresses)
+        if any_live or not addresses or not all(a in self.unusable for a in addresses):
+            return
+        detail = "; ".join(f"{a}: {self.unusable[a]}" for a in addresses)
+        if all(a in self.rejected for a in addresses):
+            raise FleetError(f"all workers rejected the credentials: {detail}")
+        raise FleetError(f"no usable worker: {detail}")
