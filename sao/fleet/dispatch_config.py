@@ -8,7 +8,8 @@ from sao.rpc import auth
 
 
 class FleetError(RuntimeError):
-    """No worker of the fleet can serve this dispatcher (credentials, versions)."""
+    """No worker of the fleet can serve this dispatcher (credentials, versions),
+    or more than ``max_broken_workers`` workers broke (the message names them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +28,14 @@ class DispatcherConfig:
         (None: only when its worker is lost).
       initial_version: learner version before the first ``push_weights``.
       reconnect_s: seconds between reconnection attempts to a lost worker.
-      rpc_timeout_s: deadline of unary calls (Status, UpdateWeights).
+      rpc_timeout_s: deadline of ``Status``.
+      weights_timeout_s: deadline of one ``UpdateWeights`` (a worker that
+        restarts its server to load weights may need minutes).
+      max_weight_failures: weight loads failing in a row (pushes and syncs)
+        after which a worker is broken and no longer retried.
+      max_broken_workers: broken workers (engine gave up, loads kept failing;
+        ``sao.fleet.link``) tolerated; one more and ``get_batch`` /
+        ``push_weights`` / ``sample`` raise ``FleetError`` naming them.
       security: token / TLS (``sao.rpc.auth.Security``).
       max_length: longer trajectories are rejected (``too_long``); the learner's
         largest length bucket. None: unbounded (the learner may then fail to pad).
@@ -47,6 +55,9 @@ class DispatcherConfig:
     initial_version: int = 0
     reconnect_s: float = 0.25
     rpc_timeout_s: float = 60.0
+    weights_timeout_s: float = 900.0
+    max_weight_failures: int = 3
+    max_broken_workers: int = 0
     security: auth.Security = auth.Security()
     max_length: int | None = None
     max_abs_reward: float | None = 1e6
@@ -58,6 +69,10 @@ class DispatcherConfig:
             raise ValueError("vocab_size, max_attempts and max_length (if set) must be >= 1")
         if self.max_abs_reward is not None and not self.max_abs_reward > 0:
             raise ValueError(f"max_abs_reward must be > 0, got {self.max_abs_reward}")
+        if min(self.max_weight_failures, self.max_broken_workers + 1) < 1 or \
+                not self.weights_timeout_s > 0:
+            raise ValueError("max_weight_failures must be >= 1, max_broken_workers >= 0 and "
+                             "weights_timeout_s > 0")
         if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
             raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
 

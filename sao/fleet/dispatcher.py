@@ -33,7 +33,12 @@ newer than the learner's version (a worker left over from a run that got
 further; engines refuse to load older weights) is logged and retried on each
 reconnect, and serves again once the learner's published version reaches
 its own (``sao.fleet.roster``). When every worker is unusable, ``get_batch``
-raises ``FleetError`` instead of blocking. Settings: ``sao.fleet.dispatch_config``.
+raises ``FleetError`` instead of blocking; so do ``get_batch``,
+``push_weights`` and ``sample`` once more than ``max_broken_workers`` workers
+broke (engine gave up, weight loads kept failing), naming them.
+
+Sampling outside training (``sample``: held-out evaluation, value-pretraining
+data): ``sao.fleet.sample_jobs``. Settings: ``sao.fleet.dispatch_config``.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ from sao.fleet.leases import Lease, LeaseBook
 from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
 from sao.fleet.roster import Roster
+from sao.fleet.sample_jobs import SampleJob, issue_jobs
 from sao.rpc import codec, sao_pb2
 from sao.types import Trajectory, validate
 
@@ -76,6 +82,7 @@ class Dispatcher:
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
         self._roster = Roster()  # workers that cannot serve now, and why
+        self._jobs: list[SampleJob] = []  # sampling outside training, oldest first
         self.metrics = FleetMetrics()
         self._started = False
         for address in workers:
@@ -90,7 +97,9 @@ class Dispatcher:
             link = WorkerLink(address, self, self.config.security,
                               capacity=self.config.capacity_per_worker,
                               reconnect_s=self.config.reconnect_s,
-                              rpc_timeout_s=self.config.rpc_timeout_s)
+                              rpc_timeout_s=self.config.rpc_timeout_s,
+                              weights_timeout_s=self.config.weights_timeout_s,
+                              max_weight_failures=self.config.max_weight_failures)
             self._links[address] = link
             self.metrics.worker(address)
             if self._started:
@@ -139,7 +148,7 @@ class Dispatcher:
                 self._drop_stale_buffered()
                 if len(self._buffer) >= B or self._book.exhausted:
                     break
-                self._roster.raise_if_none_usable(self._links, any_live=bool(self._live))
+                self._raise_if_unserved()
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
                 self._cv.wait(0.05)
@@ -155,8 +164,10 @@ class Dispatcher:
         ``{address: version held now | error string}``. A worker that fails is
         reconnected (and synced on rejoin); workers joining later get the
         latest weights before any lease. Raises ValueError if ``version`` is
-        lower than the current learner version."""
+        lower than the current learner version, ``FleetError`` when too many
+        workers broke."""
         with self._cv:
+            self._roster.raise_if_broken(self.config.max_broken_workers)
             if version < self._version:
                 raise ValueError(f"version {version} < learner version {self._version}")
             self._version, self._weights = int(version), (int(version), str(uri))
@@ -183,6 +194,35 @@ class Dispatcher:
                 self._awaiting_push = False
                 self._schedule()
         return results
+
+    def sample(self, prompts: list[dict], *, temperature: float,
+               timeout: float | None = None) -> list[Trajectory | None]:
+        """One episode per prompt at ``temperature`` with the weights the fleet
+        holds now (the latest ``push_weights``), never trained on
+        (``sao.fleet.sample_jobs``); blocks until each prompt has its outcome.
+
+        Returns the trajectories in prompt order, None where an episode failed
+        ``max_attempts`` times or its trajectory failed validation. Raises
+        ValueError as ``SampleJob``, TimeoutError after ``timeout`` seconds
+        (the job's leases are cancelled), ``FleetError`` as ``get_batch``.
+        """
+        job = SampleJob(prompts, temperature=temperature, max_attempts=self.config.max_attempts)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            self._jobs.append(job)
+            try:
+                self._schedule()
+                while not job.finished:
+                    self._raise_if_unserved()
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(f"sampling: {job.settled}/{len(job.results)} "
+                                           f"prompts answered after {timeout}s")
+                    self._cv.wait(0.05)
+            finally:
+                self._jobs.remove(job)
+                self._cancel(job.withdraw())  # nothing once finished
+                self._schedule()  # the job's capacity goes back to training
+        return job.results
 
     def snapshot(self) -> dict:
         """Metrics (see ``sao.fleet.metrics``) as a plain dict."""
@@ -236,6 +276,14 @@ class Dispatcher:
             self._cv.notify_all()
             return True
 
+    def link_broken(self, link: WorkerLink, error: str) -> None:
+        """The worker cannot serve again (its engine gave up, or its loads kept
+        failing): the link has stopped for good."""
+        with self._cv:
+            self.metrics.worker(link.address).problem = self._roster.break_worker(
+                link.address, error)
+            self._cv.notify_all()
+
     def link_rejected(self, link: WorkerLink, error: str) -> None:
         """The worker refused the credentials: the link has stopped for good."""
         with self._cv:
@@ -248,7 +296,7 @@ class Dispatcher:
             stats = self.metrics.worker(link.address)
             reason = self._roster.check(link.address, worker_version, self._version)
             if reason is None:
-                if link.address not in self._roster.rejected:
+                if not self._roster.permanent(link.address):
                     stats.problem = ""
                 return None
             stats.problem, stats.version = reason, worker_version
@@ -260,6 +308,8 @@ class Dispatcher:
             self._live.pop(link, None)
             self.metrics.worker(link.address).live = False
             self.metrics.reissued += self._book.drop_link(link)
+            for job in self._jobs:
+                job.book.drop_link(link)
             self._schedule()
             self._cv.notify_all()
 
@@ -280,13 +330,31 @@ class Dispatcher:
             self._cv.notify_all()
 
     # -- internals (hold self._cv) ---------------------------------------
+    def _raise_if_unserved(self) -> None:
+        self._roster.raise_if_broken(self.config.max_broken_workers)
+        self._roster.raise_if_none_usable(self._links, any_live=bool(self._live))
+
+    @staticmethod
+    def _cancel(leases: list[Lease]) -> None:
+        for lease in leases:
+            lease.link.send(sao_pb2.GenerateRequest(cancel_lease_ids=[lease.lease_id]))
+
     def _finish_prompt(self, prompt_id: str) -> None:
         """Marks a prompt answered and cancels its other leases on their workers."""
-        for lease in self._book.finish(prompt_id):
-            lease.link.send(sao_pb2.GenerateRequest(cancel_lease_ids=[lease.lease_id]))
+        self._cancel(self._book.finish(prompt_id))
+
+    def _validate(self, traj: Trajectory) -> str | None:
+        c = self.config
+        return validate(traj, vocab_size=c.vocab_size, learner_version=self._version,
+                        max_length=c.max_length, max_abs_reward=c.max_abs_reward)
 
     def _ingest(self, link, lease_id, traj, reason, error) -> None:
         """Gives one arriving answer exactly one outcome (accepted or a drop reason)."""
+        job = next((j for j in self._jobs if j.owns(lease_id)), None)
+        if job is not None:  # a sampling job keeps its answers, never the buffer
+            reason = reason or (None if error is not None else self._validate(traj))
+            self.metrics.sample_outcome(job.settle(lease_id, traj, reason, error))
+            return
         prompt_id, lease = self._book.settle(lease_id)
         stats = self.metrics.worker(link.address)
         if prompt_id is None:
@@ -308,9 +376,7 @@ class Dispatcher:
                 self.metrics.drop("episode_failed")
             return
         if reason is None:
-            c = self.config
-            reason = validate(traj, vocab_size=c.vocab_size, learner_version=self._version,
-                              max_length=c.max_length, max_abs_reward=c.max_abs_reward)
+            reason = self._validate(traj)
         if reason is None and traj.finish == "error":
             reason = "env_error"  # an environment failure, not a zero reward: not trained
         if reason is None and staleness.is_stale(traj, self._version, self.config.tau):
@@ -341,7 +407,8 @@ class Dispatcher:
         self._buffer = keep
 
     def _free(self, link: WorkerLink) -> int:
-        return self._live[link] - self._book.held_by(link)
+        return (self._live[link] - self._book.held_by(link)
+                - sum(job.book.held_by(link) for job in self._jobs))
 
     @staticmethod
     def _send(leases: list[Lease]) -> None:
@@ -355,10 +422,10 @@ class Dispatcher:
         """Issues leases while the budget and worker capacity allow."""
         if not self._live:
             return
+        issued = issue_jobs(self._jobs, self._live, self._free)  # outside the budget
         budget = self.config.budget - self._book.in_flight - len(self._buffer)
         if self._awaiting_push:
             budget -= self.config.batch_size
-        issued = []
         while budget > 0:
             link = max(self._live, key=self._free)
             if self._free(link) <= 0:

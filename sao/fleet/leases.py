@@ -33,10 +33,11 @@ class Lease:
     link: Hashable       # the worker connection holding it
     issued_at: float     # time.monotonic()
     seq: int = 0         # issue order
+    temperature: float | None = None  # the episode's own (sampling jobs); None: the worker's
 
     def to_proto(self) -> sao_pb2.Lease:
         return sao_pb2.Lease(lease_id=self.lease_id, prompt_id=self.prompt_id,
-                             prompt_json=json.dumps(self.prompt))
+                             prompt_json=json.dumps(self.prompt), temperature=self.temperature)
 
 
 def prompt_id_of(prompt: dict, n: int) -> str:
@@ -68,9 +69,12 @@ class LeaseBook:
     Args:
       prompts: iterable of JSON-serialisable dicts, pulled lazily; raises
         TypeError (from ``issue``) on a non-dict.
+      temperature: carried by every lease (``sao.fleet.sample_jobs``); None:
+        the worker samples at its own.
     """
 
-    def __init__(self, prompts: Iterable[dict]):
+    def __init__(self, prompts: Iterable[dict], *, temperature: float | None = None):
+        self.temperature = temperature
         self._source: Iterator[dict] = iter(prompts)
         self._source_n = 0
         self._source_done = False
@@ -103,6 +107,10 @@ class LeaseBook:
     def held_by(self, link) -> int:
         return len(self._by_link.get(link, ()))
 
+    def knows(self, lease_id: str) -> bool:
+        """Whether ``lease_id`` was ever issued by this book."""
+        return lease_id in self._lease_prompt
+
     def running(self, prompt_id: str) -> bool:
         return bool(self._by_prompt.get(prompt_id))
 
@@ -134,7 +142,8 @@ class LeaseBook:
 
     def _record(self, prompt_id: str, prompt: dict, link) -> Lease:
         seq = next(self._counter)
-        lease = Lease(f"{self._session}-{seq}", prompt_id, prompt, link, time.monotonic(), seq)
+        lease = Lease(f"{self._session}-{seq}", prompt_id, prompt, link, time.monotonic(), seq,
+                      self.temperature)
         self.attempts[prompt_id] += 1
         self._outstanding[lease.lease_id] = lease
         self._lease_prompt[lease.lease_id] = prompt_id

@@ -10,7 +10,13 @@ closed, so a restarted worker on the same address rejoins by itself.
 
 A worker that refuses the credentials (``UNAUTHENTICATED`` /
 ``PERMISSION_DENIED``) is not retried: the link tells the owner
-(``link_rejected``) and stops. A worker the owner cannot use yet
+(``link_rejected``) and stops. Neither is a broken worker: one whose
+``Status`` says its engine gave up (``unusable``), or one that failed
+``max_weight_failures`` weight loads in a row (a push or a sync, each bounded
+by ``weights_timeout_s``): the link tells the owner (``link_broken``) and
+stops, so a worker that refuses every push costs at most
+``max_weight_failures x (weights_timeout_s + reconnect_s)`` instead of being
+retried forever. A worker the owner cannot use yet
 (``link_usable`` returns a reason, e.g. it holds weights newer than the
 learner and nothing was published to bring it in line) is told to the owner
 and retried every ``reconnect_s``.
@@ -35,20 +41,38 @@ class _Unusable(Exception):
     """The worker answered but the owner cannot use it (yet)."""
 
 
+class _LoadFailed(Exception):
+    """The worker could not load the latest weights (retried on reconnect)."""
+
+
+class _Broken(Exception):
+    """The worker cannot serve again (its engine gave up, or its loads keep failing)."""
+
+
 class LinkOwner(Protocol):
     def latest_weights(self) -> tuple[int, str] | None: ...
     def link_joined(self, link: "WorkerLink", capacity: int, weights_version: int | None) -> bool: ...
     def link_response(self, link: "WorkerLink", response: sao_pb2.GenerateResponse) -> None: ...
     def link_lost(self, link: "WorkerLink", error: str) -> None: ...
     def link_rejected(self, link: "WorkerLink", error: str) -> None: ...
+    def link_broken(self, link: "WorkerLink", error: str) -> None: ...
     def link_usable(self, link: "WorkerLink", worker_version: int) -> str | None: ...
 
 
 class WorkerLink:
-    """Connection to the worker at ``address`` (``host:port``)."""
+    """Connection to the worker at ``address`` (``host:port``).
+
+    ``rpc_timeout_s`` bounds ``Status``; ``weights_timeout_s`` one
+    ``UpdateWeights`` (a server restart can take minutes; default
+    ``rpc_timeout_s``); ``max_weight_failures`` failed loads in a row make the
+    link give up (``link_broken``). Raises ValueError if it is < 1.
+    """
 
     def __init__(self, address: str, owner: LinkOwner, security: auth.Security, *,
-                 capacity: int | None, reconnect_s: float, rpc_timeout_s: float):
+                 capacity: int | None, reconnect_s: float, rpc_timeout_s: float,
+                 weights_timeout_s: float | None = None, max_weight_failures: int = 3):
+        if max_weight_failures < 1:
+            raise ValueError(f"max_weight_failures must be >= 1, got {max_weight_failures}")
         self.address = address
         self._owner = owner
         self._security = security
@@ -56,6 +80,10 @@ class WorkerLink:
         self._capacity = capacity
         self._reconnect_s = reconnect_s
         self._rpc_timeout_s = rpc_timeout_s
+        self._weights_timeout_s = weights_timeout_s or rpc_timeout_s
+        self._max_weight_failures = max_weight_failures
+        self._weight_failures = 0          # in a row, pushes and syncs alike
+        self._broken: str | None = None    # why the link gave up, once it has
         self._closed = threading.Event()
         self._sendq: queue.Queue | None = None
         self._call = None
@@ -87,16 +115,29 @@ class WorkerLink:
             call.cancel()
 
     def update_weights(self, version: int, uri: str) -> sao_pb2.UpdateWeightsResponse:
-        """Blocking ``UpdateWeights``; RPC failures come back as a not-ok value."""
+        """Blocking ``UpdateWeights``; RPC failures come back as a not-ok value
+        (and count towards ``max_weight_failures``)."""
         stub = self._stub
         if stub is None:
             return sao_pb2.UpdateWeightsResponse(ok=False, version=-1, error="not connected")
         try:
-            return stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=version, uri=uri),
-                                      timeout=self._rpc_timeout_s, metadata=self._metadata)
+            r = stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=version, uri=uri),
+                                   timeout=self._weights_timeout_s, metadata=self._metadata)
         except grpc.RpcError as e:
-            return sao_pb2.UpdateWeightsResponse(ok=False, version=-1,
-                                                 error=f"{e.code().name}: {e.details()}")
+            r = sao_pb2.UpdateWeightsResponse(ok=False, version=-1,
+                                              error=f"{e.code().name}: {e.details()}")
+        self._weights_result(r)
+        return r
+
+    def _weights_result(self, r: sao_pb2.UpdateWeightsResponse) -> None:
+        """Counts failed loads in a row; at ``max_weight_failures`` the link is broken."""
+        if r.ok:
+            self._weight_failures = 0
+            return
+        self._weight_failures += 1
+        if self._weight_failures >= self._max_weight_failures and self._broken is None:
+            self._broken = (f"{self._weight_failures} weight loads failed in a row, "
+                            f"the last: {r.error}")
 
     # -- thread -----------------------------------------------------------
     def _requests(self, q: queue.Queue):
@@ -121,8 +162,9 @@ class WorkerLink:
                 error = f"{e.code().name}: {e.details()}"
                 if e.code() in _FATAL_CODES:
                     fatal = True
-            except _Unusable as e:
+            except (_Unusable, _Broken, _LoadFailed) as e:
                 error = str(e)
+                log.warning("worker %s: %s", self.address, error)
             except Exception as e:  # keep the link alive whatever happened
                 log.exception("link %s failed", self.address)
                 error = f"{type(e).__name__}: {e}"
@@ -137,6 +179,10 @@ class WorkerLink:
                           self.address, error)
                 self._owner.link_rejected(self, error)
                 return
+            if self._broken is not None:  # retrying cannot help either
+                log.error("worker %s is broken (%s); not retrying it", self.address, self._broken)
+                self._owner.link_broken(self, self._broken)
+                return
             self._closed.wait(self._reconnect_s)
 
     def _sync_weights(self, stub, have: int) -> int | None:
@@ -145,10 +191,18 @@ class WorkerLink:
             latest = self._owner.latest_weights()
             if latest is None or latest[0] == have:
                 return None if latest is None else have
-            r = stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=latest[0], uri=latest[1]),
-                                   timeout=self._rpc_timeout_s, metadata=self._metadata)
+            try:
+                r = stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=latest[0],
+                                                                    uri=latest[1]),
+                                       timeout=self._weights_timeout_s, metadata=self._metadata)
+            except grpc.RpcError as e:
+                if e.code() in _FATAL_CODES:
+                    raise
+                r = sao_pb2.UpdateWeightsResponse(ok=False, version=-1,
+                                                  error=f"{e.code().name}: {e.details()}")
+            self._weights_result(r)
             if not r.ok:
-                raise RuntimeError(f"worker {self.address} cannot load weights: {r.error}")
+                raise _LoadFailed(f"cannot load weights version {latest[0]}: {r.error}")
             have = r.version
 
     def _session(self) -> bool:
@@ -156,6 +210,9 @@ class WorkerLink:
             stub = sao_pb2_grpc.RolloutWorkerStub(channel)
             status = stub.Status(sao_pb2.StatusRequest(), timeout=self._rpc_timeout_s,
                                  metadata=self._metadata)
+            if status.unusable:
+                self._broken = f"worker reports itself unusable: {status.unusable}"
+                raise _Broken(self._broken)
             capacity = status.max_concurrency
             if self._capacity is not None:
                 capacity = min(capacity, self._capacity)

@@ -7,7 +7,10 @@ trajectories handed to the learner), ``drops`` (count by reason: validation
 reasons of ``sao.types.validate``, codec reasons, ``stale``, ``duplicate``,
 ``env_error``, ``episode_failed``, ``unknown_lease``), ``learner_idle_fraction`` (time the
 learner spent blocked in ``get_batch`` over time since its first batch; the
-first fill of the pipeline is excluded) and per-worker throughput.
+first fill of the pipeline is excluded), per-worker throughput, and the
+sampling jobs' episodes apart from training (``sampled``: kept for the job,
+``sample_dropped``: failed validation, ``sample_failed``: episode failed every
+attempt; ``sao.fleet.sample_jobs``).
 """
 from __future__ import annotations
 
@@ -48,12 +51,22 @@ class FleetMetrics:
         self.trained = 0
         self.reissued = 0
         self.episode_errors = 0
+        self.sampled = self.sample_dropped = self.sample_failed = 0
         self.workers: dict[str, WorkerStats] = {}
         self._first_batch_at: float | None = None
         self._idle_s = 0.0
 
     def drop(self, reason: str) -> None:
         self.drops[reason] += 1
+
+    def sample_outcome(self, outcome: str) -> None:
+        """Counts one answer to a sampling job (``SampleJob.settle``'s outcome)."""
+        if outcome == "sampled":
+            self.sampled += 1
+        elif outcome == "failed":
+            self.sample_failed += 1
+        elif outcome not in ("retry", "ignored"):
+            self.sample_dropped += 1
 
     def worker(self, address: str) -> WorkerStats:
         return self.workers.setdefault(address, WorkerStats())
@@ -80,6 +93,8 @@ class FleetMetrics:
                 "pending_reissue": pending, "learner_version": learner_version,
                 "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
                 "episode_errors": self.episode_errors, "drops": dict(self.drops),
+                "sampled": self.sampled, "sample_dropped": self.sample_dropped,
+                "sample_failed": self.sample_failed,
                 "dropped": sum(self.drops.values()),
                 "staleness": dict(sorted(self.staleness.items())),
                 "learner_idle_fraction": self.idle_fraction(),

@@ -1,10 +1,13 @@
 """Which workers cannot serve the dispatcher now, and why.
 
-Two kinds: a worker that refused the credentials (``UNAUTHENTICATED`` /
-``PERMISSION_DENIED``) is unusable for good; one holding weights newer than
-the learner's version (left over from a run that got further; engines refuse
-to load older weights) is unusable until the learner's published version
-reaches its own. Not thread-safe: the dispatcher calls it under its lock.
+Three kinds: a worker that refused the credentials (``UNAUTHENTICATED`` /
+``PERMISSION_DENIED``) is unusable for good; so is a broken one (its engine
+gave up, or its weight loads kept failing: ``sao.fleet.link``), and more than
+the tolerated number of broken workers is a ``FleetError`` naming them; one
+holding weights newer than the learner's version (left over from a run that
+got further; engines refuse to load older weights) is unusable until the
+learner's published version reaches its own. Not thread-safe: the
+dispatcher calls it under its lock.
 """
 from __future__ import annotations
 
@@ -22,6 +25,25 @@ class Roster:
     def __init__(self):
         self.unusable: dict[str, str] = {}  # address -> why it cannot serve now
         self.rejected: set[str] = set()     # addresses that refused the credentials
+        self.broken: dict[str, str] = {}    # address -> why it cannot serve again
+
+    def break_worker(self, address: str, error: str) -> str:
+        """The worker cannot serve again (``error``); returns the reason kept."""
+        self.broken[address] = self.unusable[address] = f"broken ({error})"
+        log.error("worker %s is broken: %s", address, error)
+        return self.unusable[address]
+
+    def permanent(self, address: str) -> bool:
+        """Unusable for good: rejected the credentials, or broken."""
+        return address in self.rejected or address in self.broken
+
+    def raise_if_broken(self, max_broken: int) -> None:
+        """Raises ``FleetError`` naming every broken worker when more than
+        ``max_broken`` are."""
+        if len(self.broken) > max_broken:
+            detail = "; ".join(f"{a}: {r}" for a, r in self.broken.items())
+            raise FleetError(f"{len(self.broken)} rollout worker(s) broken (at most "
+                             f"{max_broken} tolerated): {detail}")
 
     def reject(self, address: str, error: str) -> str:
         """The worker refused the credentials (``error``); returns the reason kept."""
@@ -34,7 +56,7 @@ class Roster:
         ``learner_version`` (kept and logged once), or None (and any earlier
         version reason is cleared)."""
         if worker_version <= learner_version:
-            if address not in self.rejected:
+            if not self.permanent(address):
                 self.unusable.pop(address, None)
             return None
         reason = (f"worker holds weights version {worker_version}, newer than the learner "
@@ -50,7 +72,7 @@ class Roster:
         """Clears (and returns) the workers that were ahead of the learner and
         no longer are; each rejoins on its link's next reconnect."""
         cleared = [a for a in self.unusable
-                   if a not in self.rejected and version_of(a) <= learner_version]
+                   if not self.permanent(a) and version_of(a) <= learner_version]
         for address in cleared:
             del self.unusable[address]
         return cleared

@@ -6,8 +6,12 @@ an environment factory). On the ``Generate`` stream it starts one asyncio task
 per leased prompt, runs many concurrently, and streams finished trajectories
 back in completion order, packing whatever finished together into one message.
 ``UpdateWeights`` swaps the engine's weights while episodes run; their tokens
-record the version that produced them. Episode failures travel back as error
-values. Binds 127.0.0.1 unless told otherwise, and any other address only with
+record the version that produced them. A lease may carry its own sampling
+temperature (held-out evaluation). Episode failures travel back as error
+values; an engine that gave up for good (``unusable``, e.g. weight loads that
+kept failing) is reported by ``Status`` and refuses every ``UpdateWeights``,
+so the learner stops pushing to it (``sao.fleet.link``). Binds 127.0.0.1
+unless told otherwise, and any other address only with
 a token (``sao.rpc.credentials.check_bind``). ``UpdateWeights`` loads only a
 newer version within ``max_version_jump`` of the served one, from a uri under
 ``publish_root`` (``weights_request_error``); a refusal is an error value.
@@ -33,7 +37,8 @@ from sao.rollout.base import Engine
 from sao.rpc import auth, codec, credentials, sao_pb2, sao_pb2_grpc
 from sao.types import Trajectory
 
-EpisodeFn = Callable[[dict], Awaitable[Trajectory]]
+# ``episode(prompt)``, and ``episode(prompt, temperature=t)`` for leases that carry one.
+EpisodeFn = Callable[..., Awaitable[Trajectory]]
 log = logging.getLogger(__name__)
 MAX_VERSION = 2**31 - 1  # tokens carry their policy version as int32
 
@@ -118,14 +123,23 @@ def weights_request_error(version: int, uri: str, *, served: int, served_uri: st
 def agent_episode_fn(engine: Engine, make_env: Callable[[], Any], tokenizer, sampling,
                      **episode_kwargs) -> EpisodeFn:
     """Episode function running ``sao.rollout.run_episode`` with a fresh env
-    from ``make_env()`` per prompt (``episode_kwargs``: max_turns, ...)."""
+    from ``make_env()`` per prompt (``episode_kwargs``: max_turns, ...);
+    ``temperature`` (a lease's, e.g. held-out evaluation) replaces the
+    sampling temperature of that episode."""
     from sao.rollout.agent import run_episode
 
-    async def episode(prompt: dict) -> Trajectory:
-        return await run_episode(engine, make_env(), tokenizer, prompt, sampling,
+    async def episode(prompt: dict, temperature: float | None = None) -> Trajectory:
+        params = sampling if temperature is None else sampling.replace(temperature=temperature)
+        return await run_episode(engine, make_env(), tokenizer, prompt, params,
                                  **episode_kwargs)
 
     return episode
+
+
+def engine_unusable(engine: Engine) -> str:
+    """Why ``engine`` gave up for good (its ``unusable`` attribute, e.g.
+    ``SGLangEngine`` after ``max_reload_failures`` failed loads), or ``""``."""
+    return str(getattr(engine, "unusable", None) or "")
 
 
 class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
@@ -149,7 +163,10 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
             try:
                 prompt = json.loads(lease.prompt_json) if lease.prompt_json else {}
                 prompt.setdefault("prompt_id", lease.prompt_id)
-                traj = await self.episode_fn(prompt)
+                if lease.HasField("temperature"):  # e.g. an evaluation lease
+                    traj = await self.episode_fn(prompt, temperature=lease.temperature)
+                else:
+                    traj = await self.episode_fn(prompt)
                 traj.prompt_id, traj.trajectory_id = lease.prompt_id, lease.lease_id
                 data = codec.encode(traj)
                 self.completed += 1
@@ -214,6 +231,10 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
 
     async def UpdateWeights(self, request, context):
         version, uri, served = int(request.version), request.uri, self.engine.version
+        unusable = engine_unusable(self.engine)
+        if unusable:  # it gave up for good: say so instead of trying again
+            return sao_pb2.UpdateWeightsResponse(ok=False, version=served,
+                                                 error=f"worker unusable: {unusable}")
         error = weights_request_error(version, uri, served=served, served_uri=self._served_uri,
                                       publish_root=self.config.publish_root,
                                       max_version_jump=self.config.max_version_jump)
@@ -241,7 +262,8 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
             worker_id=self.worker_id, version=self.engine.version, active_episodes=self.active,
             max_concurrency=self.config.max_concurrency, completed=self.completed,
             failed=self.failed, generated_tokens=self.generated_tokens,
-            uptime_s=time.monotonic() - self._t0, healthy=healthy)
+            uptime_s=time.monotonic() - self._t0, healthy=healthy,
+            unusable=engine_unusable(self.engine))
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11sao/rpc/sao.proto\x12\x07sao.rpc\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x85\x03\n\nTrajectory\x12\x1e\n\x06tokens\x18\x01 \x01(\x0b\x32\x0e.sao.rpc.Array\x12#\n\x0b\x61\x63tion_mask\x18\x02 \x01(\x0b\x32\x0e.sao.rpc.Array\x12(\n\x10rollout_logprobs\x18\x03 \x01(\x0b\x32\x0e.sao.rpc.Array\x12&\n\x0epolicy_version\x18\x04 \x01(\x0b\x32\x0e.sao.rpc.Array\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x0e\n\x06\x66inish\x18\x06 \x01(\t\x12\x11\n\tprompt_id\x18\x07 \x01(\t\x12\x15\n\rtrajectory_id\x18\x08 \x01(\t\x12\x15\n\rmetadata_json\x18\t \x01(\t\x12\x31\n\x07timings\x18\n \x03(\x0b\x32 .sao.rpc.Trajectory.TimingsEntry\x12\r\n\x05\x65poch\x18\x0b \x01(\r\x12\r\n\x05group\x18\x0c \x01(\r\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"A\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x13\n\x0bprompt_json\x18\x03 \x01(\t\"K\n\x0fGenerateRequest\x12\x1e\n\x06leases\x18\x01 \x03(\x0b\x32\x0e.sao.rpc.Lease\x12\x18\n\x10\x63\x61ncel_lease_ids\x18\x02 \x03(\t\"M\n\x08\x46inished\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x14\n\ntrajectory\x18\x02 \x01(\x0cH\x00\x12\x0f\n\x05\x65rror\x18\x03 \x01(\tH\x00\x42\x08\n\x06result\"b\n\x10GenerateResponse\x12#\n\x08\x66inished\x18\x01 \x03(\x0b\x32\x11.sao.rpc.Finished\x12\x16\n\x0eworker_version\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"4\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\"C\n\x15UpdateWeightsResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"\xc6\x01\n\x0eStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63tive_episodes\x18\x03 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\x05\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08uptime_s\x18\x08 \x01(\x01\x12\x0f\n\x07healthy\x18\t \x01(\x08\x32\xdf\x01\n\rRolloutWorker\x12\x43\n\x08Generate\x12\x18.sao.rpc.GenerateRequest\x1a\x19.sao.rpc.GenerateResponse(\x01\x30\x01\x12N\n\rUpdateWeights\x12\x1d.sao.rpc.UpdateWeightsRequest\x1a\x1e.sao.rpc.UpdateWeightsResponse\x12\x39\n\x06Status\x12\x16.sao.rpc.StatusRequest\x1a\x17.sao.rpc.StatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11sao/rpc/sao.proto\x12\x07sao.rpc\"3\n\x05\x41rray\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x85\x03\n\nTrajectory\x12\x1e\n\x06tokens\x18\x01 \x01(\x0b\x32\x0e.sao.rpc.Array\x12#\n\x0b\x61\x63tion_mask\x18\x02 \x01(\x0b\x32\x0e.sao.rpc.Array\x12(\n\x10rollout_logprobs\x18\x03 \x01(\x0b\x32\x0e.sao.rpc.Array\x12&\n\x0epolicy_version\x18\x04 \x01(\x0b\x32\x0e.sao.rpc.Array\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x0e\n\x06\x66inish\x18\x06 \x01(\t\x12\x11\n\tprompt_id\x18\x07 \x01(\t\x12\x15\n\rtrajectory_id\x18\x08 \x01(\t\x12\x15\n\rmetadata_json\x18\t \x01(\t\x12\x31\n\x07timings\x18\n \x03(\x0b\x32 .sao.rpc.Trajectory.TimingsEntry\x12\r\n\x05\x65poch\x18\x0b \x01(\r\x12\r\n\x05group\x18\x0c \x01(\r\x1a.\n\x0cTimingsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"k\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x13\n\x0bprompt_json\x18\x03 \x01(\t\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0e\n\x0c_temperature\"K\n\x0fGenerateRequest\x12\x1e\n\x06leases\x18\x01 \x03(\x0b\x32\x0e.sao.rpc.Lease\x12\x18\n\x10\x63\x61ncel_lease_ids\x18\x02 \x03(\t\"M\n\x08\x46inished\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x14\n\ntrajectory\x18\x02 \x01(\x0cH\x00\x12\x0f\n\x05\x65rror\x18\x03 \x01(\tH\x00\x42\x08\n\x06result\"b\n\x10GenerateResponse\x12#\n\x08\x66inished\x18\x01 \x03(\x0b\x32\x11.sao.rpc.Finished\x12\x16\n\x0eworker_version\x18\x02 \x01(\x03\x12\x11\n\tworker_id\x18\x03 \x01(\t\"4\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0b\n\x03uri\x18\x02 \x01(\t\"C\n\x15UpdateWeightsResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"\x0f\n\rStatusRequest\"\xd8\x01\n\x0eStatusResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x17\n\x0f\x61\x63tive_episodes\x18\x03 \x01(\x05\x12\x17\n\x0fmax_concurrency\x18\x04 \x01(\x05\x12\x11\n\tcompleted\x18\x05 \x01(\x03\x12\x0e\n\x06\x66\x61iled\x18\x06 \x01(\x03\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08uptime_s\x18\x08 \x01(\x01\x12\x0f\n\x07healthy\x18\t \x01(\x08\x12\x10\n\x08unusable\x18\n \x01(\t2\xdf\x01\n\rRolloutWorker\x12\x43\n\x08Generate\x12\x18.sao.rpc.GenerateRequest\x1a\x19.sao.rpc.GenerateResponse(\x01\x30\x01\x12N\n\rUpdateWeights\x12\x1d.sao.rpc.UpdateWeightsRequest\x1a\x1e.sao.rpc.UpdateWeightsResponse\x12\x39\n\x06Status\x12\x16.sao.rpc.StatusRequest\x1a\x17.sao.rpc.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAJECTORY_TIMINGSENTRY']._serialized_start=427
   _globals['_TRAJECTORY_TIMINGSENTRY']._serialized_end=473
   _globals['_LEASE']._serialized_start=475
-  _globals['_LEASE']._serialized_end=540
-  _globals['_GENERATEREQUEST']._serialized_start=542
-  _globals['_GENERATEREQUEST']._serialized_end=617
-  _globals['_FINISHED']._serialized_start=619
-  _globals['_FINISHED']._serialized_end=696
-  _globals['_GENERATERESPONSE']._serialized_start=698
-  _globals['_GENERATERESPONSE']._serialized_end=796
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=798
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=850
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=852
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=919
-  _globals['_STATUSREQUEST']._serialized_start=921
-  _globals['_STATUSREQUEST']._serialized_end=936
-  _globals['_STATUSRESPONSE']._serialized_start=939
-  _globals['_STATUSRESPONSE']._serialized_end=1137
-  _globals['_ROLLOUTWORKER']._serialized_start=1140
-  _globals['_ROLLOUTWORKER']._serialized_end=1363
+  _globals['_LEASE']._serialized_end=582
+  _globals['_GENERATEREQUEST']._serialized_start=584
+  _globals['_GENERATEREQUEST']._serialized_end=659
+  _globals['_FINISHED']._serialized_start=661
+  _globals['_FINISHED']._serialized_end=738
+  _globals['_GENERATERESPONSE']._serialized_start=740
+  _globals['_GENERATERESPONSE']._serialized_end=838
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=840
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=892
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=894
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=961
+  _globals['_STATUSREQUEST']._serialized_start=963
+  _globals['_STATUSREQUEST']._serialized_end=978
+  _globals['_STATUSRESPONSE']._serialized_start=981
+  _globals['_STATUSRESPONSE']._serialized_end=1197
+  _globals['_ROLLOUTWORKER']._serialized_start=1200
+  _globals['_ROLLOUTWORKER']._serialized_end=1423
 # @@protoc_insertion_point(module_scope)

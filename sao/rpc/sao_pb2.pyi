@@ -52,14 +52,16 @@ class Trajectory(_message.Message):
     def __init__(self, tokens: _Optional[_Union[Array, _Mapping]] = ..., action_mask: _Optional[_Union[Array, _Mapping]] = ..., rollout_logprobs: _Optional[_Union[Array, _Mapping]] = ..., policy_version: _Optional[_Union[Array, _Mapping]] = ..., reward: _Optional[float] = ..., finish: _Optional[str] = ..., prompt_id: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., metadata_json: _Optional[str] = ..., timings: _Optional[_Mapping[str, float]] = ..., epoch: _Optional[int] = ..., group: _Optional[int] = ...) -> None: ...
 
 class Lease(_message.Message):
-    __slots__ = ("lease_id", "prompt_id", "prompt_json")
+    __slots__ = ("lease_id", "prompt_id", "prompt_json", "temperature")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     prompt_id: str
     prompt_json: str
-    def __init__(self, lease_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_json: _Optional[str] = ...) -> None: ...
+    temperature: float
+    def __init__(self, lease_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt_json: _Optional[str] = ..., temperature: _Optional[float] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("leases", "cancel_lease_ids")
@@ -112,7 +114,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("worker_id", "version", "active_episodes", "max_concurrency", "completed", "failed", "generated_tokens", "uptime_s", "healthy")
+    __slots__ = ("worker_id", "version", "active_episodes", "max_concurrency", "completed", "failed", "generated_tokens", "uptime_s", "healthy", "unusable")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class StatusResponse(_message.Message):
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    UNUSABLE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     version: int
     active_episodes: int
@@ -131,4 +134,5 @@ class StatusResponse(_message.Message):
     generated_tokens: int
     uptime_s: float
     healthy: bool
-    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., active_episodes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., uptime_s: _Optional[float] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    unusable: str
+    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., active_episodes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., uptime_s: _Optional[float] = ..., healthy: _Optional[bool] = ..., unusable: _Optional[str] = ...) -> None: ...
