@@ -86,7 +86,17 @@ def base() -> ml_collections.ConfigDict:
     r.push_every = 1                      # push weights to the fleet every N learner steps
     r.sglang_url_file = ""                # file listing SGLang server URLs (launch/sglang_fleet.py)
     r.worker_addresses = ""               # comma-separated host:port of remote workers ("" = spawn locally)
-    r.token_file = ""                     # shared-secret file for gRPC auth ("" = none)
+    # Fleet security (docs/fleet.md "Security"): every run has a token; TLS is set by file paths.
+    r.token_file = ""                     # token file ("" = <workdir>/fleet.token, created 0600 per run)
+    r.tls_cert = ""                       # worker: PEM certificate chain ("" = no TLS)
+    r.tls_key = ""                        # worker: PEM private key of tls_cert
+    r.tls_ca = ""                         # learner: PEM CA (or the self-signed tls_cert) it verifies
+                                          # workers with; set = TLS channels, "" = plain ones
+    r.tls_server_name = ""                # learner: name checked against worker certificates ("" = host)
+    r.publish_root = ""                   # where the learner publishes weights ("" = <workdir>/publish);
+                                          # workers load only uris under it
+    r.max_version_jump = 100_000          # workers refuse a weights version further ahead than this
+    r.max_abs_reward = 1e6                # the learner drops trajectories with |reward| above this
 
     # --- env -----------------------------------------------------------------
     c.env = e = ml_collections.ConfigDict()

@@ -14,6 +14,7 @@ records. Building the learner, the fleet and resuming is ``sao.train``.
 """
 from __future__ import annotations
 
+import base64
 import collections
 import dataclasses
 from typing import Any, Callable, Protocol, Sequence
@@ -21,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from sao.learner.batch import make_train_batch
+from sao.rpc import codec
 from sao.types import Trajectory
 
 
@@ -93,8 +95,11 @@ class GroupBatcher:
     complete, then served ``batch_size // group_size`` groups at a time, so
     ``make_train_batch`` gives a group one ``group_ids`` value. A group that
     lost a member (dropped as stale) never completes and is discarded after
-    ``max_pending`` newer groups start. Raises ValueError unless ``group_size``
-    >= 2 divides ``batch_size``.
+    ``max_pending`` newer groups start; ``metrics()`` counts such groups and
+    their rows. ``state_dict`` / ``load_state_dict`` carry the held rows
+    across a checkpoint (the dispatcher's state holds the rest of each group:
+    buffered, in flight, or not yet issued). Raises ValueError unless
+    ``group_size`` >= 2 divides ``batch_size``.
     """
 
     def __init__(self, get_batch: Callable[[float | None], list[Trajectory]], *, group_size: int,
@@ -105,6 +110,7 @@ class GroupBatcher:
         self.groups_per_batch, self.max_pending = batch_size // group_size, max_pending
         self._pending: collections.OrderedDict[tuple[str, int], list] = collections.OrderedDict()
         self._ready: collections.deque[list] = collections.deque()
+        self.dropped_groups = self.dropped_rows = 0
 
     def __call__(self, timeout: float | None = None) -> list[Trajectory]:
         while len(self._ready) < self.groups_per_batch:
@@ -118,8 +124,44 @@ class GroupBatcher:
                 if len(members) == self.group_size:
                     self._ready.append(self._pending.pop(key))
             while len(self._pending) > self.max_pending:
-                self._pending.popitem(last=False)
+                _, members = self._pending.popitem(last=False)
+                self.dropped_groups += 1
+                self.dropped_rows += len(members)
         return [t for _ in range(self.groups_per_batch) for t in self._ready.popleft()]
+
+    def metrics(self) -> dict[str, int]:
+        """``groups/dropped`` (discarded incomplete groups) and their rows
+        ``groups/dropped_rows``, cumulative over resumes; rows held now in
+        incomplete (``groups/pending``) and complete (``groups/ready``) groups."""
+        return {"groups/dropped": self.dropped_groups, "groups/dropped_rows": self.dropped_rows,
+                "groups/pending": len(self._pending), "groups/ready": len(self._ready)}
+
+    def state_dict(self) -> dict:
+        """JSON-able: held rows (codec bytes, base64) by group, oldest first, and the drop counts."""
+        def enc(members: list[Trajectory]) -> list[str]:
+            return [base64.b64encode(codec.encode(t)).decode() for t in members]
+        return {"pending": [enc(m) for m in self._pending.values()],
+                "ready": [enc(m) for m in self._ready],
+                "dropped_groups": self.dropped_groups, "dropped_rows": self.dropped_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()`` output. Raises ValueError on a group of
+        more than ``group_size`` rows, a ready group of another size, or rows
+        of different groups together (and ``codec.CodecError`` on bad bytes)."""
+        def dec(members: list[str]) -> list[Trajectory]:
+            trajs = [codec.decode(base64.b64decode(b)) for b in members]
+            if not trajs or len(trajs) > self.group_size or len(
+                    {(t.prompt_id, t.epoch) for t in trajs}) != 1:
+                raise ValueError(f"a saved group must hold 1..{self.group_size} rows of one group")
+            return trajs
+        pending = [dec(m) for m in state.get("pending", [])]
+        ready = [dec(m) for m in state.get("ready", [])]
+        if any(len(g) != self.group_size for g in ready):
+            raise ValueError(f"a ready group must hold {self.group_size} rows")
+        self._pending = collections.OrderedDict(((g[0].prompt_id, g[0].epoch), g) for g in pending)
+        self._ready = collections.deque(ready)
+        self.dropped_groups = int(state.get("dropped_groups", 0))
+        self.dropped_rows = int(state.get("dropped_rows", 0))
 
 
 def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:

@@ -14,9 +14,10 @@ Every phase leaves its result in the workdir; a rerun resumes in this order:
 * ``eval_before.json``: read instead of evaluating again;
 * ``ckpt/``: no checkpoint → value pretraining, then step 0 is saved; else the
   latest one is restored: actor and critic train states, policy version, and
-  ``data_state`` = prompt iterator position, dispatcher state (buffered
-  trajectories, prompts to re-issue, answered ids, fleet counters) and the
-  running-mean baseline's buffers;
+  ``data_state`` = dispatcher state (buffered trajectories, prompts to
+  re-issue, answered ids, fleet counters, the prompt stream's position with
+  the not yet issued rest of a GRPO group), the GRPO rows held until their
+  group is complete, and the running-mean baseline's buffers;
 * ``publish/`` is cleared (a crashed run may have published ahead of its last
   checkpoint), then the restored version is published and pushed to the
   workers before the first lease; RL continues at the checkpoint's step.
@@ -33,7 +34,7 @@ from typing import Callable
 import numpy as np
 from rich.console import Console
 
-from sao import ckpt, components, rl_loop, run_metrics, sft
+from sao import ckpt, components, rl_loop, run_metrics, sft, workers
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
@@ -42,8 +43,6 @@ from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
 from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
-from sao.rpc.auth import Security
-from sao.workers import read_token
 
 EVAL_BEFORE_FILE = "eval_before.json"
 
@@ -58,6 +57,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     maybe_initialize_distributed()
     t0 = time.monotonic()
     os.makedirs(workdir, exist_ok=True)
+    security = workers.fleet_security(cfg, workdir, create=True)  # bad TLS paths fail here, not after SFT
     console = Console()
 
     def log(text: str) -> None:
@@ -107,7 +107,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         states, steps_done, fleet = reinforce(cfg, learner, states, addresses, train_records,
                                               tokenizer, start_step=start_step, data_state=data_state,
                                               checkpointer=checkpointer, evaluate=evaluate,
-                                              workdir=workdir, writer=writer)
+                                              workdir=workdir, writer=writer, security=security)
         checkpointer.close()
         # 5. Held-out evaluation after RL.
         after = evaluate(states, steps_done)
@@ -181,37 +181,50 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
 
 
 def reinforce(cfg, learner, states, addresses: list[str], train_records: list[dict], tokenizer, *,
-              start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer):
+              start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer,
+              security):
     """Phase 4: the RL loop from ``start_step`` with a dispatcher over ``addresses``.
 
-    ``data_state`` is the restored checkpoint's (``{}`` on a fresh run). Returns
+    ``data_state`` is the restored checkpoint's (``{}`` on a fresh run);
+    ``security`` the fleet's token / TLS (``workers.fleet_security``). Returns
     ``(states, steps done, the dispatcher's final snapshot)``.
     """
     baseline = components.running_mean_baseline(cfg)      # running-mean advantages, or None
     if baseline is not None and data_state.get("baseline"):
         baseline.load_state_dict(data_state["baseline"])
-    publish_dir = os.path.join(workdir, "publish")
+    publish_dir = workers.publish_root(cfg, workdir)
     shutil.rmtree(publish_dir, ignore_errors=True)         # a crashed run may have published ahead
 
     def publish(s, version: int) -> str:
         return ckpt.publish(publish_dir, version, learner.actor_def.param_state(s.actor.params), keep=3)
 
+    # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
+    # "prompts" is where checkpoints written before kept the position alone.
     stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
                                           state=data_state.get("prompts")), cfg.rollout.group_size)
     dispatcher = Dispatcher(addresses, stream, DispatcherConfig(
         batch_size=cfg.learner.batch_size, vocab_size=tokenizer.vocab_size, tau=cfg.rollout.tau,
         initial_version=states.policy_version, max_length=max(learner.cfg.length_buckets),
-        security=Security(token=read_token(cfg.rollout.token_file))))
+        max_abs_reward=cfg.rollout.max_abs_reward,
+        security=security))
     if data_state.get("dispatcher"):
         dispatcher.load_state_dict(data_state["dispatcher"])
+    group_size = cfg.rollout.group_size
+    groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch
+        dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
+    if groups is not None and data_state.get("groups"):
+        groups.load_state_dict(data_state["groups"])
     dispatcher.push_weights(states.policy_version, publish(states, states.policy_version))
 
     def checkpoint(s, step: int) -> None:
         save(checkpointer, s, step, data_state={
-            "prompts": stream.get_state(), "dispatcher": dispatcher.state_dict(),
+            "dispatcher": dispatcher.state_dict(),
+            "groups": groups.state_dict() if groups is not None else None,
             "baseline": baseline.state_dict() if baseline is not None else None})
 
-    group_size = cfg.rollout.group_size
+    def batch_metrics(trajs) -> dict:
+        return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
+
     loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                               eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
                               batch_timeout_s=cfg.run.batch_timeout_s)
@@ -221,9 +234,7 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
         bar.update(start_step)
         hooks = rl_loop.LoopHooks(
             publish=publish, write=writer.write, evaluate=evaluate, checkpoint=checkpoint,
-            on_step=bar.update, advantages=baseline, batch_metrics=env_metrics,
-            next_batch=None if group_size == 1 else rl_loop.GroupBatcher(
-                dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size))
+            on_step=bar.update, advantages=baseline, batch_metrics=batch_metrics, next_batch=groups)
         states, steps_done, _ = rl_loop.train(learner, states, dispatcher, loop=loop,
                                               start_step=start_step, hooks=hooks)
         checkpoint(states, steps_done)

@@ -5,28 +5,58 @@ from the config) until SIGINT / SIGTERM. :func:`local_fleet` starts
 ``rollout.num_workers`` such processes on 127.0.0.1 (``python -m sao.main
 --role=rollout``, logs in ``<workdir>/workers/worker<i>.log``), yields their
 addresses and stops them on exit; with ``rollout.worker_addresses`` set it
-starts nothing and yields those.
+starts nothing and yields those. Spawned workers die with the learner and
+one that dies alone is restarted on its port (``sao.supervisor``).
+
+Credentials (docs/fleet.md "Security"): every run has a token file
+(:func:`token_file`; the learner creates it, workers only read it), TLS from
+``rollout.tls_*`` paths (:func:`fleet_security`); workers load weights only
+from :func:`publish_root`.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import time
 from typing import Iterator
 
 from sao import components
 from sao.fleet.worker import WorkerConfig, agent_episode_fn, run
+from sao.rpc import credentials
 from sao.rpc.auth import Security
+from sao.supervisor import Supervisor, die_with_parent
 
 
-def read_token(path: str) -> str:
-    """The shared secret in ``path`` (stripped); ``""`` (no auth) when ``path`` is empty."""
-    if not path:
-        return ""
-    with open(path, encoding="utf-8") as f:
-        return f.read().strip()
+def token_file(cfg, workdir: str, *, create: bool = False) -> str:
+    """Path of the run's token file: ``rollout.token_file``, else
+    ``<workdir>/fleet.token``, written with a fresh random token (0600) when
+    ``create`` and absent (the learner side; workers only read it)."""
+    if cfg.rollout.token_file:
+        return cfg.rollout.token_file
+    if create:
+        return credentials.ensure_token_file(workdir)
+    return os.path.join(workdir, credentials.TOKEN_FILE)
+
+
+def fleet_security(cfg, workdir: str, *, create: bool = False) -> Security:
+    """Token and TLS of the fleet from ``rollout.token_file`` / ``tls_*``
+    (``sao.rpc.credentials.load_security``; ``create`` as :func:`token_file`).
+
+    Raises FileNotFoundError naming a missing file (a worker started before its
+    learner created the token file: create it first, as launchers do),
+    PermissionError for a token file others can read.
+    """
+    r = cfg.rollout
+    return credentials.load_security(token_file=token_file(cfg, workdir, create=create),
+                                     tls_cert=r.tls_cert, tls_key=r.tls_key, tls_ca=r.tls_ca,
+                                     tls_server_name=r.tls_server_name)
+
+
+def publish_root(cfg, workdir: str) -> str:
+    """Where the learner publishes weights and the only place workers load
+    them from: ``rollout.publish_root``, else ``<workdir>/publish``."""
+    return cfg.rollout.publish_root or os.path.join(workdir, "publish")
 
 
 def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_index: int = 0,
@@ -36,7 +66,11 @@ def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_i
     ``port=0`` binds any free port; ``address_file`` gets ``host:port`` once
     serving (written atomically); ``worker_index`` seeds the engine and names
     the worker; ``sglang_url`` is the server of ``rollout.engine="sglang"``.
+    The worker reads the run's token file (:func:`fleet_security`; raises what
+    it raises) and loads weights only from :func:`publish_root`.
     """
+    die_with_parent()  # spawned by a learner (``spawn``): end with it
+    security = fleet_security(cfg, workdir)  # before anything slow: a missing token fails at once
     tokenizer = components.make_tokenizer(cfg)
 
     def make():
@@ -55,58 +89,58 @@ def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_i
                 f.write(address)
             os.replace(tmp, address_file)
 
-    security = Security(token=read_token(cfg.rollout.token_file))
     run(make, WorkerConfig(host=host, port=port, max_concurrency=cfg.rollout.max_concurrency,
-                           worker_id=f"worker{worker_index}", security=security), ready=ready)
+                           worker_id=f"worker{worker_index}", security=security,
+                           publish_root=publish_root(cfg, workdir),
+                           max_version_jump=cfg.rollout.max_version_jump), ready=ready)
 
 
-def spawn(cfg, workdir: str, config_argv: list[str], *,
-          timeout_s: float = 300.0) -> tuple[list[subprocess.Popen], list[str]]:
-    """Starts ``rollout.num_workers`` worker processes; returns ``(processes, addresses)``.
+def spawn(cfg, workdir: str, config_argv: list[str], *, timeout_s: float = 300.0,
+          restart: bool = True) -> tuple[Supervisor, list[str]]:
+    """Starts ``rollout.num_workers`` worker processes; returns ``(supervisor, addresses)``.
 
     ``config_argv`` are the ``--config`` arguments of this process (the workers
-    load the same config). Raises RuntimeError if a worker exits or is not
-    serving within ``timeout_s`` (the others are stopped).
+    load the same config); the run's token file is created first and its path
+    (never the token) passed on. Each worker dies with this process
+    (``sao.supervisor.die_with_parent``); with ``restart`` one that exits is
+    started again on its port (the dispatcher's link reconnects to it by
+    itself). ``supervisor.stop()`` ends them. Raises RuntimeError if a worker
+    exits or is not serving within ``timeout_s`` (the others are stopped).
     """
     wdir = os.path.join(workdir, "workers")
     os.makedirs(wdir, exist_ok=True)
+    if not cfg.rollout.token_file:
+        config_argv = [*config_argv, f"--config.rollout.token_file={token_file(cfg, workdir, create=True)}"]
     env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu"),
            "XLA_FLAGS": " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                                  if "device_count" not in f)}
-    procs, files = [], []
+    supervisor, files = Supervisor(env), []
+
+    def argv(i: int, port: int) -> list[str]:
+        return [sys.executable, "-m", "sao.main", *config_argv, f"--workdir={workdir}",
+                "--role=rollout", f"--port={port}", f"--worker_index={i}",
+                f"--address_file={files[i]}"]
+
     for i in range(cfg.rollout.num_workers):
-        addr = os.path.join(wdir, f"worker{i}.addr")
-        if os.path.exists(addr):
-            os.remove(addr)
-        argv = [sys.executable, "-m", "sao.main", *config_argv, f"--workdir={workdir}",
-                "--role=rollout", "--port=0", f"--worker_index={i}", f"--address_file={addr}"]
-        with open(os.path.join(wdir, f"worker{i}.log"), "w") as log:
-            procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-        files.append(addr)
+        files.append(os.path.join(wdir, f"worker{i}.addr"))
+        if os.path.exists(files[i]):
+            os.remove(files[i])
+        supervisor.add(argv(i, 0), os.path.join(wdir, f"worker{i}.log"))
     deadline = time.monotonic() + timeout_s
     while not all(os.path.exists(f) for f in files):
-        dead = [i for i, p in enumerate(procs) if p.poll() is not None]
+        dead = [i for i in range(len(files)) if supervisor.proc(i).poll() is not None]
         if dead or time.monotonic() > deadline:
-            stop(procs)
+            supervisor.stop()
             raise RuntimeError(f"rollout workers {dead or 'all'} did not start; see {wdir}/*.log")
         time.sleep(0.2)
     addresses = []
-    for f in files:
+    for i, f in enumerate(files):
         with open(f, encoding="utf-8") as fh:
             addresses.append(fh.read().strip())
-    return procs, addresses
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    """Terminates the processes; kills those still running after 10 s."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        supervisor.set_argv(i, argv(i, int(addresses[i].rsplit(":", 1)[1])))  # restart: same port
+    if restart:
+        supervisor.watch()
+    return supervisor, addresses
 
 
 def configured_addresses(cfg) -> list[str]:
@@ -121,8 +155,8 @@ def local_fleet(cfg, workdir: str, config_argv: list[str]) -> Iterator[list[str]
     if configured_addresses(cfg):
         yield configured_addresses(cfg)
         return
-    procs, addresses = spawn(cfg, workdir, config_argv)
+    supervisor, addresses = spawn(cfg, workdir, config_argv)
     try:
         yield addresses
     finally:
-        stop(procs)
+        supervisor.stop()

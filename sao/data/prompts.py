@@ -118,9 +118,10 @@ class PromptStream:
 
     Each record of ``iterator`` comes out ``group_size`` times in a row as
     ``{**record, "epoch": e, "group": j}`` for ``j = 0 .. group_size - 1``
-    (``epoch`` 0 when the record has none). ``get_state()`` is the iterator's
-    position; copies of a record not yet handed out when it is taken are not in it.
-    Raises ValueError if ``group_size`` < 1.
+    (``epoch`` 0 when the record has none). ``get_state()`` holds the
+    iterator's position and the copies of the current record not yet handed
+    out, so a restored stream (``set_state``) hands out the rest of a group
+    before the next record. Raises ValueError if ``group_size`` < 1.
     """
 
     def __init__(self, iterator: Iterator[dict], group_size: int = 1):
@@ -141,5 +142,21 @@ class PromptStream:
             return self._copies.pop(0)
 
     def get_state(self) -> dict:
+        """``{"iterator": position, "copies": [records not yet handed out]}`` (JSON-able)."""
         with self._lock:
-            return self._it.get_state()
+            return {"iterator": self._it.get_state(), "copies": [dict(c) for c in self._copies]}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Resumes from ``get_state()`` output (of a stream of the same
+        pipeline); a bare iterator position (checkpoints that kept no copies)
+        restores the position alone. Raises ValueError if ``copies`` is not a
+        list of at most ``group_size`` records."""
+        if "iterator" not in state or "copies" not in state:
+            state = {"iterator": state, "copies": []}
+        copies = state["copies"]
+        if not isinstance(copies, list) or len(copies) > self._group_size or not all(
+                isinstance(c, dict) for c in copies):
+            raise ValueError(f"copies must be a list of at most {self._group_size} records")
+        with self._lock:
+            self._it.set_state(dict(state["iterator"]))
+            self._copies = [dict(c) for c in copies]

@@ -24,8 +24,10 @@ weights of the previous step and awaited as a whole (a barrier).
 Faults: a worker whose stream breaks loses its leases, which go back to the
 front of the queue for live workers; a lease older than ``lease_timeout_s``
 is issued again to another worker (the first answer wins). ``state_dict`` /
-``load_state_dict`` carry the buffer and the prompts to re-issue across a
-learner restart (the prompt iterator's own position is the caller's to save).
+``load_state_dict`` carry the buffer, the prompts to re-issue and the prompt
+source's position (when it has ``get_state`` / ``set_state``, as
+``sao.data.prompts.PromptStream``: the rest of a GRPO group included) across a
+learner restart, all taken under one lock.
 
 Unusable workers: one that rejects the credentials (``UNAUTHENTICATED`` /
 ``PERMISSION_DENIED``) is logged and never retried; one that holds weights
@@ -238,7 +240,8 @@ class Dispatcher:
     # -- checkpointing --------------------------------------------------------
     def state_dict(self) -> dict:
         """JSON-serialisable state: version, weights, buffered trajectories,
-        prompts to re-issue (in flight + pending), answered prompt ids."""
+        prompts to re-issue (in flight + pending), answered prompt ids, the
+        prompt source's position (``LeaseBook.state_dict``)."""
         with self._cv:
             return {"version": self._version, "weights": self._weights,
                     "buffer": [base64.b64encode(codec.encode(t)).decode() for t in self._buffer],

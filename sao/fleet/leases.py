@@ -212,15 +212,25 @@ class LeaseBook:
     # -- checkpointing ------------------------------------------------------------
     def state_dict(self) -> dict:
         """``[prompt_id, prompt]`` pairs to re-issue (outstanding, then queued),
-        their identities, answered ids, attempts; JSON-serialisable."""
+        their identities, answered ids, attempts, and the source's position
+        (its ``get_state()``, e.g. ``PromptStream``; None for a plain
+        iterable); JSON-serialisable. Taken together, so no prompt is both
+        in flight and still ahead in the source, or in neither."""
         reissue = [[pid, self._outstanding[next(iter(ids))].prompt]
                    for pid, ids in self._by_prompt.items()]
         reissue += [[pid, p] for pid, p in self._pending]
         identity = {pid: list(self._identity[pid]) for pid, _ in reissue if pid in self._identity}
+        get_state = getattr(self._source, "get_state", None)
         return {"reissue": reissue, "identity": identity, "done": sorted(self.done),
-                "attempts": dict(self.attempts), "source_n": self._source_n}
+                "attempts": dict(self.attempts), "source_n": self._source_n,
+                "source": get_state() if get_state is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores ``state_dict()`` output; the source's position too when
+        both the state and the source have one (``set_state``)."""
+        set_state = getattr(self._source, "set_state", None)
+        if state.get("source") is not None and set_state is not None:
+            set_state(state["source"])
         self.done = set(state["done"])
         self.attempts = collections.Counter(state.get("attempts", {}))
         self._source_n = int(state.get("source_n", 0))

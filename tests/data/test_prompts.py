@@ -125,8 +125,32 @@ def test_prompt_stream_is_thread_safe_and_resumes_at_record_boundaries():
         t.join()
     assert len(set(got)) == 100 and {g for _, _, g in got} == {0, 1}   # no issue twice, none lost
     state = json.loads(json.dumps(stream.get_state()))
-    again = PromptStream(prompt_iterator(recs, seed=3, state=state), group_size=2)
+    again = PromptStream(prompt_iterator(recs, seed=3), group_size=2)
+    again.set_state(state)
     assert next(again)["prompt_id"] == next(stream)["prompt_id"]
+
+
+def test_prompt_stream_resumes_inside_a_group():
+    """Copies of a record not yet handed out are in the state: a restored stream
+    hands out the rest of the group, then the next record (none lost, none twice)."""
+    recs = records(10)
+    stream = PromptStream(prompt_iterator(recs, seed=1), group_size=3)
+    taken = [next(stream) for _ in range(4)]                # one whole group, one copy of the next
+    state = json.loads(json.dumps(stream.get_state()))
+    assert [c["group"] for c in state["copies"]] == [1, 2]
+    again = PromptStream(prompt_iterator(recs, seed=1), group_size=3)
+    again.set_state(state)
+    rest = [next(again) for _ in range(5)]
+    assert rest == [next(stream) for _ in range(5)]
+    issues = [(r["prompt_id"], r["epoch"], r["group"]) for r in taken + rest]
+    assert len(set(issues)) == 9 and [g for _, _, g in issues] == [0, 1, 2] * 3
+    # A bare iterator position (checkpoints that kept no copies) restores the position alone.
+    old = PromptStream(prompt_iterator(recs, seed=1), group_size=3)
+    old.set_state(state["iterator"])
+    first = next(old)
+    assert (first["prompt_id"], first["group"]) == (rest[2]["prompt_id"], 0)
+    with pytest.raises(ValueError, match="at most 3"):
+        old.set_state({**state, "copies": [{}] * 4})
 
 
 def test_epoch_and_group_reach_the_trajectory_without_parsing_ids():
