@@ -8,8 +8,10 @@ One heterogeneous job: component 0 runs the learner on ``learner_nodes`` nodes
 ``jax.distributed.initialize`` through ``JAX_COORDINATOR_ADDRESS`` = first
 learner node, ``JAX_NUM_PROCESSES`` = ``SLURM_NNODES``, ``JAX_PROCESS_ID`` =
 ``SLURM_PROCID``); component 1 runs ``launch/sglang_fleet.py`` on each fleet
-node (SGLang servers + rollout workers). ``--dry-run`` prints the script and
-the ``sbatch`` command instead of submitting.
+node (SGLang servers + rollout workers). The run's token file is created in
+the shared workdir before ``sbatch`` (``launch/fleet_token.py``) and every role
+gets its path (``rollout.token_file``), as it gets every ``--set``. ``--dry-run``
+prints the script and the commands instead of running them.
 """
 from __future__ import annotations
 
@@ -20,19 +22,28 @@ import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch import fleet_token  # noqa: E402
 from launch.common import Step, add_common_flags, print_steps, run_steps, sao_main  # noqa: E402
 
 COORDINATOR_PORT = 8476
 WORKER_PORT = 50151
 
 
+def token_file(args) -> str:
+    """``--set rollout.token_file=...`` if given, else ``<workdir>/fleet.token`` (shared file system)."""
+    return (fleet_token.configured(args.set, "rollout.token_file")
+            or fleet_token.token_path(args.workdir))
+
+
 def sbatch_script(args) -> str:
     """The sbatch script text (bash)."""
+    overrides = [*args.set, f"rollout.token_file={token_file(args)}"]
     fleet = (f"python launch/sglang_fleet.py --config={shlex.quote(args.config)} "
              f"--workdir={shlex.quote(args.workdir)} --model={shlex.quote(args.fleet_model)} "
-             f"--servers={args.gpus_per_node} --host=0.0.0.0")
+             f"--servers={args.gpus_per_node} --host=0.0.0.0"
+             + "".join(f" --set {shlex.quote(o)}" for o in overrides))
     learner = " ".join(shlex.quote(a) for a in sao_main(args.config, args.workdir, "learner",
-                                                        overrides=args.set))
+                                                        overrides=overrides))
     return "\n".join([
         "#!/bin/bash",
         f"#SBATCH --job-name={args.job_name}",
@@ -58,8 +69,10 @@ def sbatch_script(args) -> str:
 
 def build(args) -> tuple[str, list[Step]]:
     script_path = f"{args.workdir}/sao.sbatch"
-    return script_path, [Step("local", ("mkdir", "-p", args.workdir)),
-                         Step("local", ("sbatch", script_path))]
+    steps = [Step("local", ("mkdir", "-p", args.workdir))]
+    if not fleet_token.configured(args.set, "rollout.token_file"):
+        steps.append(fleet_token.create_step(args.workdir, sys.executable))
+    return script_path, steps + [Step("local", ("sbatch", script_path))]
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,8 @@
 Each worker is ``python -m sao.main --role=rollout`` on its own port; the
 learner is ``--role=learner`` with ``rollout.worker_addresses`` set to them.
 (``--role=all`` does the same inside one command: ``sao.workers.local_fleet``.)
+The run's token file is created first (``launch/fleet_token.py``): workers
+started before the learner read it.
 """
 from __future__ import annotations
 
@@ -14,18 +16,23 @@ import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch import fleet_token  # noqa: E402
 from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
 
 
 def build(args) -> list[Step]:
     ports = [args.base_port + i for i in range(args.workers)]
-    steps = [Step(f"worker{i}", sao_main(args.config, args.workdir, "rollout", python=args.python,
-                                         overrides=args.set, extra=(f"--port={p}", f"--worker_index={i}")),
-                  background=True)
-             for i, p in enumerate(ports)]
+    steps, overrides = [], list(args.set)
+    if not fleet_token.configured(args.set, "rollout.token_file"):
+        steps.append(fleet_token.create_step(args.workdir, args.python))
+        overrides.append(f"rollout.token_file={fleet_token.token_path(args.workdir)}")
+    steps += [Step(f"worker{i}", sao_main(args.config, args.workdir, "rollout", python=args.python,
+                                          overrides=overrides, extra=(f"--port={p}", f"--worker_index={i}")),
+                   background=True)
+              for i, p in enumerate(ports)]
     addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
     steps.append(Step("learner", sao_main(args.config, args.workdir, "learner", python=args.python,
-                                          overrides=[*args.set, f"rollout.worker_addresses={addresses}"])))
+                                          overrides=[*overrides, f"rollout.worker_addresses={addresses}"])))
     return steps
 
 

@@ -11,6 +11,12 @@ TPU host at once (``--worker=all``). Each host joins one JAX job through
 ``jax.distributed.initialize`` (``JAX_COORDINATOR_ADDRESS`` = host 0,
 ``JAX_NUM_PROCESSES`` = hosts, ``JAX_PROCESS_ID`` = the host's worker number
 from the metadata server); only process 0 talks to the fleet.
+
+Credentials (``launch/fleet_token.py``): the run's token file is created
+locally in ``--token_dir`` (kept for a resume), copied with mode 0600 to every
+TPU host and fleet machine (``~/.sao/``) before anything starts there, and
+every role gets its path. ``--tls_cert`` / ``--tls_key`` (for the workers) and
+``--tls_ca`` (for the learner) travel the same way and set ``rollout.tls_*``.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from launch import fleet_token  # noqa: E402
 from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
 
 CHIPS_PER_HOST = 4          # v4 / v5p hosts have 4 chips
@@ -54,16 +61,37 @@ def build(args) -> list[Step]:
                        f"--version={args.runtime}")),
         Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all", f"--command={setup}")),
     ]
+    # Credentials: made here, copied (0600) to each machine before its role starts; paths only.
+    learner_files, worker_files = [], []                 # local paths to copy
+    learner_set, worker_set = list(args.set), list(args.set)   # overrides naming the copies
+    if not fleet_token.configured(args.set, "rollout.token_file"):
+        token = fleet_token.token_path(os.path.expanduser(args.token_dir or f"~/.sao/{args.tpu}"))
+        steps.append(fleet_token.create_step(os.path.dirname(token), sys.executable))
+        learner_files.append(token)
+        worker_files.append(token)
+        learner_set.append(f"rollout.token_file={fleet_token.remote_path(token)}")
+        worker_set.append(learner_set[-1])
+    for key, path, files, sets in (("tls_cert", args.tls_cert, worker_files, worker_set),
+                                   ("tls_key", args.tls_key, worker_files, worker_set),
+                                   ("tls_ca", args.tls_ca, learner_files, learner_set)):
+        if path:
+            files.append(path)
+            sets.append(f"rollout.{key}={fleet_token.remote_path(path)}")
+    if learner_files:
+        steps += fleet_token.tpu_copy_steps(learner_files, args.tpu, args.zone)
     addresses = []
     for machine in args.fleet:
+        if worker_files:
+            steps += fleet_token.vm_copy_steps(worker_files, machine, args.zone)
         fleet_cmd = (f"cd sao && .venv/bin/python launch/sglang_fleet.py --config={args.config} "
                      f"--workdir={args.workdir} --servers={args.servers_per_machine} "
-                     f"--model={args.fleet_model} --host=0.0.0.0")
+                     f"--model={args.fleet_model} --host=0.0.0.0"
+                     + "".join(f" --set {o}" for o in worker_set))
         steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where,
                                     f"--command={fleet_cmd}"), background=True))
         addresses += [f"{machine}:{WORKER_PORT + i}" for i in range(args.servers_per_machine)]
     learner = " ".join(sao_main(args.config, args.workdir, "learner", python=".venv/bin/python",
-                                overrides=[*args.set, "rollout.worker_addresses=" + ",".join(addresses)]))
+                                overrides=[*learner_set, "rollout.worker_addresses=" + ",".join(addresses)]))
     env = (f"JAX_COORDINATOR_ADDRESS={args.tpu}-w-0:{COORDINATOR_PORT} "
            f"JAX_NUM_PROCESSES={hosts} JAX_PROCESS_ID={WORKER_NUMBER}")
     steps.append(Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all",
@@ -82,6 +110,12 @@ def main(argv=None) -> int:
     parser.add_argument("--fleet", default="", help="comma-separated GPU fleet machine names")
     parser.add_argument("--servers_per_machine", type=int, default=8, help="SGLang servers per fleet machine")
     parser.add_argument("--fleet_model", default="gs://BUCKET/models/base", help="HF dir the fleet starts from")
+    parser.add_argument("--token_dir", default="", help="local directory of the run's token file "
+                        "(default ~/.sao/<tpu>; reused on a relaunch)")
+    parser.add_argument("--tls_cert", default="", help="local PEM certificate the workers serve with")
+    parser.add_argument("--tls_key", default="", help="local PEM private key of --tls_cert")
+    parser.add_argument("--tls_ca", default="", help="local PEM CA (or the self-signed --tls_cert) "
+                        "the learner verifies workers with")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
     return dry_run_or_run(build(args), args.dry_run)

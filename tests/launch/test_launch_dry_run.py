@@ -17,12 +17,15 @@ def dry_run(script, *args):
 def test_local_launch_commands():
     lines = dry_run("local.py", "--config=experiments/quickstart.py", "--workdir=/tmp/qs",
                     "--workers=3", "--base_port=6000", "--python=python", "--set", "run.steps=5")
-    assert len(lines) == 4
+    assert len(lines) == 5
+    assert lines[0].startswith("[local] python -c") and "ensure_token_file" in lines[0]  # before workers
+    lines = lines[1:]
     for i, line in enumerate(lines[:3]):
         assert line.startswith(f"[worker{i}] ") and line.endswith(" &")
         argv = shlex.split(line.split("] ", 1)[1][:-2])
         assert argv[:3] == ["python", "-m", "sao.main"]
         assert "--role=rollout" in argv and f"--port={6000 + i}" in argv and "--config.run.steps=5" in argv
+        assert "--config.rollout.token_file=/tmp/qs/fleet.token" in argv
     learner = shlex.split(lines[3].split("] ", 1)[1])
     assert "--role=learner" in learner
     assert "--config.rollout.worker_addresses=127.0.0.1:6000,127.0.0.1:6001,127.0.0.1:6002" in learner
@@ -77,3 +80,39 @@ def test_full_scale_variants_are_not_deterministic_by_default():
     from experiments import sao_math
     assert sao_math.get_config("qwen3_8b").learner.deterministic is False
     assert sao_math.get_config("cpu").learner.deterministic is True
+
+
+def test_launchers_make_the_token_first_and_pass_its_path_never_the_token(tmp_path):
+    """Slurm: created in the shared workdir before sbatch, every role gets the path.
+    TPU VM: created locally, copied 0600 to each machine before its role starts;
+    the learner gets the CA, the workers the certificate and key."""
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--set", "rollout.tls_ca=/shared/ca.pem")
+    create = [i for i, l in enumerate(lines) if "ensure_token_file" in l]
+    assert create == [len(lines) - 2] and lines[create[0]].endswith(" /shared/r")
+    script = "\n".join(lines)
+    fleet = next(l for l in lines if "launch/sglang_fleet.py" in l)
+    learner = next(l for l in lines if "--role=learner" in l)
+    for role in (fleet, learner):
+        assert "rollout.token_file=/shared/r/fleet.token" in role and "rollout.tls_ca=/shared/ca.pem" in role
+    assert "--host=0.0.0.0" in fleet and "Bearer" not in script
+    token_dir = tmp_path / "tok"
+    lines = dry_run("tpu_vm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=gs://b/run",
+                    "--tpu=t1", "--fleet=f0,f1", "--servers_per_machine=1", f"--token_dir={token_dir}",
+                    "--tls_cert=/c/cert.pem", "--tls_key=/c/key.pem", "--tls_ca=/c/ca.pem")
+    assert not token_dir.exists()                                   # a dry run makes nothing
+    create = next(i for i, l in enumerate(lines) if "ensure_token_file" in l)
+    assert lines[create].endswith(str(token_dir))
+    for machine in ("t1", "f0", "f1"):
+        scp = next(i for i, l in enumerate(lines) if " scp " in l and f" {machine}:.sao/" in l)
+        chmod = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "chmod 600" in l)
+        start = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sao.main" in l
+                     or f"ssh {machine} " in l and "sglang_fleet.py" in l)
+        assert create < scp < chmod < start
+        assert f"{token_dir}/fleet.token" in lines[scp]
+        assert ("/c/ca.pem" in lines[scp]) == (machine == "t1")         # CA to the learner only
+        assert ("/c/key.pem" in lines[scp]) == (machine != "t1")        # key to the workers only
+        assert "rollout.token_file=$HOME/.sao/fleet.token" in lines[start]
+    learner = lines[-1]
+    assert "rollout.tls_ca=$HOME/.sao/ca.pem" in learner and "tls_key" not in learner
+    assert all("rollout.tls_key=$HOME/.sao/key.pem" in l for l in lines if "sglang_fleet.py" in l)
