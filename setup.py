@@ -51,6 +51,8 @@ EXTRAS = {
     # The SGLang server itself runs in its own Python 3.12 environment
     # (see `make sglang-venv`); this extra holds the client side only.
     "sglang": ["aiohttp>=3.9,<4"],
+    # gs:// work dirs, publish dirs and model paths (sao.storage: etils.epath's GCS backend).
+    "gcs": ["gcsfs>=2024.2"],
 }
 
 setup(

@@ -35,15 +35,14 @@ import base64
 import dataclasses
 import json
 import os
-import shutil
 import stat
-import uuid
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from sao import multihost, storage
 from sao.types import Trajectory
 
 LATEST_MARKER = "LATEST"
@@ -130,7 +129,8 @@ class Checkpointer:
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
-        self.directory = os.path.abspath(directory)
+        storage.check(directory, "checkpoint dir")
+        self.directory = storage.abspath(directory)
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
@@ -222,14 +222,14 @@ class Checkpointer:
 
 
 def _version_dir(directory: str, version: int) -> str:
-    return os.path.join(directory, f"v{int(version):010d}")
+    return storage.join(directory, f"v{int(version):010d}")
 
 
 def publish(directory: str, version: int, params, *, hf_export=None, keep: int = 3) -> str:
     """Writes a params-only checkpoint of ``version`` and marks it latest.
 
     Args:
-      directory: publish root (created).
+      directory: publish root (created), local or ``gs://`` (``sao.storage``).
       version: policy version (must be newer than the current latest).
       params: ``nnx.State`` of the model's ``nnx.Param`` (e.g.
         ``nnx.state(model, nnx.Param)`` or ``ModelDef.param_state(params)``).
@@ -247,40 +247,58 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
       RuntimeError: ``hf_export`` wrote no ``config.json``. Whatever
         ``hf_export`` raises propagates. On any error nothing is published
         and the temporary directory is removed.
+
+    Several processes (a multi-host learner) call it together: each writes
+    the shards of ``params`` it holds (orbax saves collectively) into the same
+    directory, named by the version; process 0 alone runs ``hf_export`` (so it
+    must not need other processes' arrays), renames, moves the marker and
+    prunes, and all return once the version is marked. On ``gs://``, where a
+    directory cannot be renamed atomically, the version is written in place
+    and the ``LATEST`` marker (one object, replaced whole) is the commit.
     """
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    storage.check(directory, "publish dir")
+    directory = storage.abspath(directory)
+    lead = multihost.is_lead()
     latest = latest_published(directory)
     if latest is not None and version <= latest[0]:
         raise ValueError(f"version {version} is not newer than published {latest[0]}")
-    tmp = os.path.join(directory, f".tmp-{int(version)}-{uuid.uuid4().hex}")
-    os.makedirs(tmp)
-    dir_mode = stat.S_IMODE(os.stat(tmp).st_mode)  # 0o777 less the umask
+    atomic = storage.supports_rename(directory)
+    final = _version_dir(directory, version)
+    # One name per version: every process of a multi-host learner writes into it.
+    target = storage.join(directory, f".tmp-{int(version)}-partial") if atomic else final
+    dir_mode = None
+    if lead:
+        storage.makedirs(directory)
+        storage.rmtree(target)          # left by a publish killed before its marker moved
+        storage.makedirs(target)
+        if atomic:
+            dir_mode = stat.S_IMODE(os.stat(target).st_mode)  # 0o777 less the umask
+    multihost.sync(f"sao-publish-{int(version)}-begin")
     try:
         with ocp.StandardCheckpointer() as ckptr:
-            ckptr.save(os.path.join(tmp, PARAMS_DIR), params)
-        if hf_export is not None:
-            hf_path = os.path.join(tmp, HF_DIR)
+            ckptr.save(storage.join(target, PARAMS_DIR), params)
+        if lead and hf_export is not None:
+            hf_path = storage.join(target, HF_DIR)
             hf_export(hf_path)
-            if not os.path.isfile(os.path.join(hf_path, "config.json")):
+            if not storage.isfile(storage.join(hf_path, "config.json")):
                 raise RuntimeError(f"hf_export wrote no config.json into {hf_path}")
-        _umask_modes(tmp, dir_mode)
+        if dir_mode is not None:
+            _umask_modes(target, dir_mode)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if lead:
+            storage.rmtree(target)
         raise
-    final = _version_dir(directory, version)
-    # Left by a publish killed between its rename and its marker: never marked,
-    # so no reader was told of it.
-    shutil.rmtree(final, ignore_errors=True)
-    os.rename(tmp, final)
-    marker_tmp = os.path.join(directory, f".{LATEST_MARKER}.{uuid.uuid4().hex}")
-    with open(marker_tmp, "w", encoding="utf-8") as f:
-        json.dump({"version": int(version), "path": os.path.basename(final)}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(marker_tmp, os.path.join(directory, LATEST_MARKER))
-    _prune(directory, keep)
-    return os.path.join(final, PARAMS_DIR)
+    if lead:
+        if atomic:
+            # Left by a publish killed between its rename and its marker: never
+            # marked, so no reader was told of it.
+            storage.rmtree(final)
+            os.rename(target, final)
+        storage.write_text(storage.join(directory, LATEST_MARKER),
+                           json.dumps({"version": int(version), "path": storage.basename(final)}))
+        _prune(directory, keep)
+    multihost.sync(f"sao-publish-{int(version)}-end")
+    return storage.join(final, PARAMS_DIR)
 
 
 def _umask_modes(root: str, dir_mode: int) -> None:
@@ -298,13 +316,14 @@ def _umask_modes(root: str, dir_mode: int) -> None:
 
 
 def _prune(directory: str, keep: int) -> None:
-    versions = sorted(d for d in os.listdir(directory) if d.startswith("v") and d[1:].isdigit())
+    names = storage.listdir(directory)
+    versions = sorted(d for d in names if d.startswith("v") and d[1:].isdigit())
     for d in versions[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(directory, d), ignore_errors=True)
+        storage.rmtree(storage.join(directory, d))
     # Temporaries left by a crashed publish (publishes are serial per learner).
-    for d in os.listdir(directory):
+    for d in names:
         if d.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(directory, d), ignore_errors=True)
+            storage.rmtree(storage.join(directory, d))
 
 
 def latest_published(directory: str) -> tuple[int, str] | None:
@@ -314,14 +333,13 @@ def latest_published(directory: str) -> tuple[int, str] | None:
     ``<uri>/../hf`` holds the HF export when one was requested (`hf_dir`).
     """
     try:
-        with open(os.path.join(directory, LATEST_MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
+        marker = json.loads(storage.read_text(storage.join(directory, LATEST_MARKER)))
     except FileNotFoundError:
         return None
-    path = os.path.join(os.path.abspath(directory), marker["path"], PARAMS_DIR)
+    path = storage.join(storage.abspath(directory), marker["path"], PARAMS_DIR)
     return int(marker["version"]), path
 
 
 def hf_dir(uri: str) -> str:
     """The HF export directory of a `publish` uri (``<version dir>/hf``)."""
-    return os.path.join(os.path.dirname(uri.rstrip("/")), HF_DIR)
+    return storage.join(uri.rstrip("/").rsplit("/", 1)[0], HF_DIR)

@@ -14,14 +14,15 @@ also go to TensorBoard (tensorboardX) under ``<workdir>/tb``. Lists (e.g.
 are kept in the JSONL only. A resumed run appends; readers merge the
 records of one (phase, step), later values winning.
 
-Nothing here touches devices: values are converted with ``float()`` (call
-``jax.device_get`` first for device arrays).
+The work dir may be local or ``gs://`` (``sao.storage``: the JSONL and the
+event files are rewritten whole on each flush there, as objects cannot be
+appended to). Nothing here touches devices: values are converted with
+``float()`` (call ``jax.device_get`` first for device arrays).
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from typing import Any, Iterable, Mapping
 
@@ -30,6 +31,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgre
                            TimeElapsedColumn)
 from rich.table import Table
 from tensorboardX import SummaryWriter
+
+from sao import storage
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -64,8 +67,11 @@ class MetricsWriter:
     """Appends per-step metrics to ``metrics.jsonl`` and TensorBoard.
 
     Args:
-      workdir: run directory (created if missing).
+      workdir: run directory (created if missing), local or ``gs://``.
       tensorboard: also write TensorBoard event files under ``workdir/tb``.
+
+    Raises ``sao.storage.StorageError`` for a ``gs://`` work dir without gcsfs
+    or credentials.
 
     ``write(step, metrics)`` raises ValueError if ``step`` is negative or a key
     is not namespaced (``"a/b"``); non-finite floats are written as ``null``
@@ -73,12 +79,13 @@ class MetricsWriter:
     """
 
     def __init__(self, workdir: str, *, tensorboard: bool = True):
-        os.makedirs(workdir, exist_ok=True)
-        self.path = os.path.join(workdir, METRICS_FILE)
-        self._file = open(self.path, "a", encoding="utf-8")
+        storage.check(workdir, "work dir")
+        storage.makedirs(workdir)
+        self.path = storage.join(workdir, METRICS_FILE)
+        self._file = storage.AppendLog(self.path)
         self._tb = None
         if tensorboard:
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb = SummaryWriter(storage.join(workdir, "tb"))
         self._t0 = time.monotonic()
 
     def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> dict:
@@ -117,18 +124,19 @@ def read_metrics(workdir: str) -> list[dict]:
     Raises FileNotFoundError if the run has no metrics file. A truncated last
     line (a run killed mid-write) is ignored.
     """
-    path = os.path.join(workdir, METRICS_FILE)
+    path = storage.join(workdir, METRICS_FILE)
     records: dict[tuple[str, int], dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            records.setdefault((rec.get("phase", "rl"), int(rec["step"])), {}).update(rec)
+    if not storage.exists(path):
+        raise FileNotFoundError(f"no {METRICS_FILE} in {workdir}")
+    for line in storage.read_text(path).splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        records.setdefault((rec.get("phase", "rl"), int(rec["step"])), {}).update(rec)
     return [records[k] for k in sorted(records, key=lambda k: (k[0] != "rl", k[0], k[1]))]
 
 
@@ -158,15 +166,13 @@ def staleness_histogram(workdir: str) -> np.ndarray:
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Writes ``obj`` as JSON to ``path`` atomically (a temporary file, then a rename).
+    """Writes ``obj`` as JSON to ``path`` (local or ``gs://``) atomically
+    (``sao.storage.write_text``).
 
     numpy / jax scalars and arrays become Python values; raises TypeError on
     anything else JSON cannot hold.
     """
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, default=_json_default)
-    os.replace(tmp, path)
+    storage.write_text(path, json.dumps(obj, indent=2, default=_json_default))
 
 
 def summary_table(summary: Mapping[str, Any]):
