@@ -7,15 +7,17 @@ Mesh axes are those of `sao.models.sharding` (``data``, ``fsdp``, ``tensor``,
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from sao.learner.batch import TrainBatch
-from sao.models.sharding import logical_to_spec, make_mesh
+from sao.models.sharding import MESH_AXES, logical_to_spec, make_mesh
 
 # Environment variables read by `distributed_init_args` (the names JAX itself
 # documents for ``jax.distributed.initialize``).
@@ -24,50 +26,80 @@ ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 
-def mesh_from_config(cd: Mapping[str, Any] | Any, devices=None) -> Mesh:
-    """A mesh from a config with integer fields ``data``, ``fsdp``, ``tensor``
-    and optionally ``expert`` (missing ones default to 1).
+def mesh_shape(cd: Mapping[str, Any] | Any, num_devices: int) -> dict[str, int]:
+    """Axis sizes ``{data, fsdp, tensor, expert}`` of a mesh config on ``num_devices`` devices.
 
-    ``data = -1`` takes every device not used by the other axes.
+    ``cd`` has integer fields ``data``, ``fsdp``, ``tensor`` and optionally
+    ``expert`` (missing ones are 1). One axis may be ``-1``: it takes every
+    device the others leave (``fsdp=-1, expert=4`` is fsdp 8 on 32 devices).
+    Pure arithmetic, no devices touched: launchers call it with the device
+    count they ask for.
 
     Raises:
-      ValueError: unknown keys, non-positive sizes, or a product that differs
-        from the device count.
+      ValueError: unknown keys, sizes other than positive or ``-1``, more than
+        one ``-1``, or a mesh that does not fit ``num_devices`` (the message
+        names the devices needed and found).
     """
     items = dict(cd.items()) if hasattr(cd, "items") else dict(cd)
-    allowed = {"data", "fsdp", "tensor", "expert"}
-    unknown = sorted(set(items) - allowed)
+    unknown = sorted(set(items) - set(MESH_AXES))
     if unknown:
-        raise ValueError(f"mesh config: unknown keys {unknown}; valid: {sorted(allowed)}")
-    sizes = {k: int(items.get(k, 1)) for k in ("data", "fsdp", "tensor", "expert")}
+        raise ValueError(f"mesh config: unknown keys {unknown}; valid: {list(MESH_AXES)}")
+    sizes = {k: int(items.get(k, 1)) for k in MESH_AXES}
+    bad = {k: v for k, v in sizes.items() if v == 0 or v < -1}
+    fill = [k for k, v in sizes.items() if v == -1]
+    if bad or len(fill) > 1:
+        raise ValueError(f"mesh config: sizes must be positive, or -1 on at most one axis "
+                         f"(fill with the remaining devices); got {sizes}")
+    fixed = math.prod(v for v in sizes.values() if v > 0)
+    if fill:
+        if num_devices % fixed:
+            raise ValueError(f"mesh {sizes} needs a multiple of {fixed} devices "
+                             f"({fill[0]} takes the rest); found {num_devices}")
+        sizes[fill[0]] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ValueError(f"mesh {sizes} needs {fixed} devices; found {num_devices} "
+                         "(set one axis to -1 to fit any multiple)")
+    return sizes
+
+
+def mesh_from_config(cd: Mapping[str, Any] | Any, devices=None) -> Mesh:
+    """The learner mesh of a mesh config (`mesh_shape`) over ``devices``
+    (default: every device of the job, all processes).
+
+    Raises:
+      ValueError: see `mesh_shape` (e.g. "needs 64 devices; found 32").
+    """
     devs = list(jax.devices() if devices is None else devices)
-    if sizes["data"] == -1:
-        rest = sizes["fsdp"] * sizes["tensor"] * sizes["expert"]
-        if rest <= 0 or len(devs) % rest:
-            raise ValueError(f"mesh config: {len(devs)} devices are not divisible by "
-                             f"fsdp*tensor*expert={rest}")
-        sizes["data"] = len(devs) // rest
-    if any(v <= 0 for v in sizes.values()):
-        raise ValueError(f"mesh config: sizes must be positive, got {sizes}")
-    return make_mesh(**sizes, devices=devs)
+    return make_mesh(**mesh_shape(cd, len(devs)), devices=devs)
 
 
-def distributed_init_args(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+def distributed_init_args(env: Mapping[str, str] | None = None, *,
+                          coordinator_address: str = "", num_processes: int = 0,
+                          process_id: int = -1) -> dict[str, Any] | None:
     """Decides whether this process is part of a multi-process JAX job.
 
     Args:
-      env: environment mapping (default ``os.environ``).
+      env: environment mapping (default ``os.environ``): ``JAX_COORDINATOR_ADDRESS``
+        (``host:port`` of process 0), ``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``.
+      coordinator_address, num_processes, process_id: the same from the command
+        line (``sao.main --coordinator_address`` ...); each one set (non-empty,
+        > 0, >= 0) wins over its variable.
 
     Returns:
       kwargs for ``jax.distributed.initialize`` (``coordinator_address``,
-      ``num_processes``, ``process_id``) when ``JAX_COORDINATOR_ADDRESS`` is
-      set and ``JAX_NUM_PROCESSES`` > 1; None for a single-process run.
+      ``num_processes``, ``process_id``) when a coordinator is set and the
+      number of processes is > 1; None for a single-process run.
 
     Raises:
-      ValueError: the variables are only partly set, not integers, or the
+      ValueError: the three are only partly set, not integers, or the
         process id is outside ``[0, num_processes)``.
     """
-    env = os.environ if env is None else env
+    env = dict(os.environ if env is None else env)
+    for name, value in ((ENV_COORDINATOR, coordinator_address),
+                        (ENV_NUM_PROCESSES, num_processes if num_processes > 0 else ""),
+                        (ENV_PROCESS_ID, process_id if process_id >= 0 else "")):
+        if value != "":
+            env[name] = str(value)
     names = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
     present = [n for n in names if env.get(n, "") != ""]
     if not present:
@@ -88,12 +120,20 @@ def distributed_init_args(env: Mapping[str, str] | None = None) -> dict[str, Any
             "process_id": pid}
 
 
-def maybe_initialize_distributed(env: Mapping[str, str] | None = None) -> bool:
-    """Calls ``jax.distributed.initialize`` when `distributed_init_args` says
-    so (before any other JAX call). Returns True if it did."""
-    args = distributed_init_args(env)
+def maybe_initialize_distributed(env: Mapping[str, str] | None = None, **overrides) -> bool:
+    """Joins the multi-process job `distributed_init_args` describes (``overrides``
+    are its keyword arguments), before any other JAX call; CPU devices then
+    talk through gloo collectives (TPU and GPU use their own).
+
+    Returns True when this process is part of a distributed job (also when
+    the runtime was already initialized), False for a single-process run.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    args = distributed_init_args(env, **overrides)
     if args is None:
         return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**args)
     return True
 
@@ -109,10 +149,20 @@ def put_batch(batch: TrainBatch, mesh: Mesh, batch_size: int) -> TrainBatch:
     """Places a host `TrainBatch` on ``mesh``: rows over the ``batch`` logical
     axis (`batch_sharding`), everything else replicated.
 
+    Each process copies only the rows of its own devices
+    (``jax.make_array_from_callback``), so in a multi-process job every process
+    passes the same whole host batch (``sao.multihost`` sends the lead's
+    trajectories to all) and gets the global array.
+
     Raises:
       ValueError: the batch has another B than ``batch_size``.
     """
     if batch.tokens.shape[0] != batch_size:
         raise ValueError(f"batch has {batch.tokens.shape[0]} rows, learner expects "
                          f"batch_size={batch_size}")
-    return jax.device_put(batch, batch_sharding(mesh, (batch_size,)))
+    sharding = batch_sharding(mesh, (batch_size,))
+
+    def place(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+    return jax.tree.map(place, batch)

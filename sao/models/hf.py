@@ -22,6 +22,7 @@ import json
 import os
 from typing import Any, Iterator, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -29,7 +30,7 @@ from safetensors import safe_open
 from safetensors.flax import save_file
 
 from sao.models.config import ModelConfig
-from sao.models.sharding import shard_model
+from sao.models.sharding import state_shardings
 from sao.models.tokenizer import load_hf_tokenizer, save_hf_tokenizer
 from sao.models.transformer import Transformer
 
@@ -264,13 +265,20 @@ def random_params(cfg: ModelConfig, seed: int = 0, scale: float = 0.1) -> dict[t
 def build_model(cfg: ModelConfig, params: Mapping[tuple, np.ndarray], *, mesh=None):
     """A `Transformer` holding ``params`` (cast to ``cfg.param_dtype``).
 
-    With ``mesh``, parameters are placed by the sharding rules
-    (`sao.models.sharding.shard_model`). Raises ValueError on a missing path
-    or a shape mismatch.
+    With ``mesh``, each parameter is created straight on the mesh with the
+    sharding its logical axes name (`sao.models.sharding.state_shardings`):
+    every device receives only its own slice of the host array
+    (``jax.make_array_from_callback``), no device ever holds a whole tensor it
+    does not keep, and in a multi-process job each process places only its
+    devices' slices. Without ``mesh`` the arrays go to the default device.
+
+    Raises ValueError on a missing path or a shape mismatch.
     """
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
+    shardings = dict(nnx.to_flat_state(state_shardings(state, mesh))) if mesh is not None else {}
     flat = nnx.to_flat_state(state)
+    dtype = cfg.jnp_param_dtype
     for path, var in flat:
         path = tuple(path)
         if path not in params:
@@ -279,11 +287,13 @@ def build_model(cfg: ModelConfig, params: Mapping[tuple, np.ndarray], *, mesh=No
         got = np.shape(params[path])
         if tuple(got) != tuple(want):
             raise ValueError(f"{'/'.join(map(str, path))}: shape {got} != expected {want}")
-        var.set_value(jnp.asarray(params[path], dtype=cfg.jnp_param_dtype))
-    model = nnx.merge(graphdef, nnx.from_flat_state(flat))
-    if mesh is not None:
-        shard_model(model, mesh)
-    return model
+        if mesh is None:
+            var.set_value(jnp.asarray(params[path], dtype=dtype))
+            continue
+        host = np.asarray(params[path]).astype(dtype, copy=False)
+        var.set_value(jax.make_array_from_callback(
+            host.shape, shardings[path].get_value(), lambda index, host=host: host[index]))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 # ----------------------------------------------------------------------------- files
@@ -309,7 +319,7 @@ def load_hf_state(model_dir: str) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"neither {SAFETENSORS} nor {SAFETENSORS_INDEX} in {model_dir}")
     state = {}
     for path in files:
-        with safe_open(path, framework="flax") as f:  # flax: bfloat16 support
+        with safe_open(path, framework="np") as f:  # host arrays (bfloat16 as ml_dtypes)
             for name in f.keys():
                 state[name] = np.asarray(f.get_tensor(name))
     return state

@@ -12,10 +12,13 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from sao.models.config import ModelConfig
 from sao.models.layers import Dense
+from sao.models.sharding import state_shardings
 from sao.models.transformer import Decoder, Transformer
 
 ATTENTION_PARAMS_REGEX = r"^layers/\d+/attn/"
@@ -41,15 +44,38 @@ class ValueModel(Decoder):
     @classmethod
     def from_policy(cls, policy: Transformer) -> "ValueModel":
         """A critic whose backbone is a copy (new buffers) of ``policy``'s; the
-        value head is zero-initialised. Shardings of the policy's arrays are kept."""
+        value head is zero-initialised.
+
+        The copies keep the policy's shardings; when the policy lives on a
+        mesh (``from_pretrained(..., mesh=)``, ``create_sharded``), the head is
+        created on that mesh with the sharding its rule names, so a critic of
+        a sharded policy never gathers a parameter on one device.
+        """
         critic = nnx.eval_shape(lambda: cls(policy.cfg, rngs=nnx.Rngs(0)))
         backbone = nnx.state(policy, nnx.Param)
         if "lm_head" in backbone:
             del backbone["lm_head"]
         nnx.update(critic, jax.tree.map(jnp.copy, backbone))
         head = nnx.state(critic.value_head, nnx.Param)
-        nnx.update(critic.value_head, jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), head))
+        mesh = _mesh_of(backbone)
+        if mesh is None:
+            zeros = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), head)
+        else:
+            zeros = jax.tree.map(
+                lambda a, s: jax.make_array_from_callback(
+                    a.shape, s, lambda index, a=a: np.zeros(a.shape, a.dtype)[index]),
+                head, state_shardings(head, mesh))
+        nnx.update(critic.value_head, zeros)
         return critic
+
+
+def _mesh_of(state: nnx.State):
+    """The mesh of the first leaf placed with a ``NamedSharding``, else None."""
+    for leaf in jax.tree.leaves(state):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
 
 
 def _path_str(path) -> str:
