@@ -9,17 +9,19 @@ from __future__ import annotations
 import ml_collections
 from flax import nnx
 
+from sao import sglang_setup
+from sao.fleet.dispatch_config import DispatcherConfig
 from sao.envs import EpisodeConfig, env_factory, make_task
 from sao.envs.sandbox import SandboxLimits
 from sao.learner.baselines import RunningMeanBaseline
 from sao.learner.config import LearnerConfig
 from sao.models import Transformer, from_pretrained, get_preset
 from sao.models.tokenizer import ByteTokenizer
+from sao.publishing import Publisher
 from sao.models.tokenizer_loading import load_tokenizer
 from sao.rollout.agent import byte_tool_format, chatml_tool_format
 from sao.rollout.base import SamplingParams
 from sao.rollout.jax_engine import JaxEngine
-from sao.rollout.sglang_engine import SGLangEngine
 
 
 def learner_config(cfg: ml_collections.ConfigDict) -> LearnerConfig:
@@ -146,18 +148,68 @@ def episode_kwargs(cfg, tokenizer) -> dict:
 NO_WEIGHTS_VERSION = -1
 
 
-def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None):
-    """``JaxEngine`` over ``model`` or ``SGLangEngine``.
+def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None, worker_index: int = 0,
+                log_dir: str = ""):
+    """``JaxEngine`` over ``model`` or a rollout worker's ``SGLangEngine``.
 
     Without ``model`` (a rollout worker) the engine serves a fresh policy at
-    version ``NO_WEIGHTS_VERSION`` until the learner pushes its weights.
-    Raises ValueError for ``rollout.engine="sglang"`` without ``sglang_url``.
+    version ``NO_WEIGHTS_VERSION`` until the learner pushes its weights. For
+    ``rollout.engine="sglang"`` (``sao.sglang_setup.make_engine``) worker
+    ``worker_index`` starts its own server (log in ``log_dir``) or attaches
+    to ``sglang_url`` / ``rollout.sglang.url_file``; raises ValueError with
+    neither, or with ``model`` (the learner holds no SGLang engine: its
+    evaluation runs on the fleet, ``sao.evaluation.FleetSampler``).
     """
     version = 0 if model is not None else NO_WEIGHTS_VERSION
     if cfg.rollout.engine == "sglang":
-        if not sglang_url:
-            raise ValueError("rollout.engine='sglang' needs --sglang_url")
-        return SGLangEngine(sglang_url, version=version)
+        if model is not None:
+            raise ValueError("an SGLang engine serves a rollout worker, not the learner's model")
+        return sglang_setup.make_engine(cfg, worker_index=worker_index, version=version,
+                                        sglang_url=sglang_url, log_dir=log_dir)
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
                      max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
                      version=version)
+
+
+EVAL_WHERE = ("auto", "learner", "fleet")
+
+
+def samples_on_fleet(cfg) -> bool:
+    """Whether held-out evaluation and the critic's value-pretraining samples
+    run on the rollout fleet (``sao.evaluation.FleetSampler``) instead of an
+    in-process ``JaxEngine``: ``eval.where="fleet"``, or ``"auto"`` with
+    ``rollout.engine="sglang"`` (the learner holds no SGLang engine and needs
+    no server URL). Raises ValueError for ``eval.where="learner"`` with SGLang
+    engines or an unknown value."""
+    where = cfg.eval.where
+    if where not in EVAL_WHERE:
+        raise ValueError(f"eval.where must be one of {EVAL_WHERE}, got {where!r}")
+    if where == "learner" and cfg.rollout.engine == "sglang":
+        raise ValueError("eval.where='learner' needs an in-process JaxEngine; with "
+                         "rollout.engine='sglang' evaluation runs on the fleet ('fleet' or 'auto')")
+    return where == "fleet" or (where == "auto" and cfg.rollout.engine == "sglang")
+
+
+def publisher(cfg, learner, model_cfg, tokenizer, directory: str) -> Publisher:
+    """The run's ``sao.publishing.Publisher`` into ``directory`` (cleared now):
+    the actor's params, and the HF export with ``checkpoint.hf_export``. Raises
+    ValueError for ``rollout.engine="sglang"`` without it (servers load HF exports)."""
+    if cfg.rollout.engine == "sglang" and not cfg.checkpoint.hf_export:
+        raise ValueError("rollout.engine='sglang' needs checkpoint.hf_export=True: "
+                         "SGLang servers load the HF export of each publish")
+    export = cfg.checkpoint.hf_export
+    return Publisher(directory, lambda s: learner.actor_def.param_state(s.actor.params),
+                     model_cfg=model_cfg if export else None, tokenizer=tokenizer if export else None)
+
+
+def dispatcher_config(cfg, learner, tokenizer, security, *, initial_version: int) -> DispatcherConfig:
+    """The fleet's ``DispatcherConfig``: batch and staleness from the learner,
+    vocabulary from the tokenizer, the largest length bucket as the length
+    bound, ``rollout.max_abs_reward``, ``weights_timeout_s`` and
+    ``max_broken_workers``, and ``security`` (token / TLS)."""
+    r = cfg.rollout
+    return DispatcherConfig(
+        batch_size=learner.cfg.batch_size, vocab_size=tokenizer.vocab_size, tau=r.tau,
+        initial_version=initial_version, max_length=max(learner.cfg.length_buckets),
+        max_abs_reward=r.max_abs_reward, weights_timeout_s=r.weights_timeout_s,
+        max_broken_workers=r.max_broken_workers, security=security)

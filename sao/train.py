@@ -8,6 +8,11 @@
 4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers;
 5. held-out pass@1 after RL; ``summary.json`` and a summary table.
 
+Evaluation and value-pretraining samples run in process on a ``JaxEngine``,
+or on the rollout fleet when its engines are SGLang servers
+(``sao.evaluation.FleetSampler``, ``eval.where``): the learner never needs a
+server URL.
+
 Every phase leaves its result in the workdir; a rerun resumes in this order:
 
 * ``sft/`` (published weights + ``result.json``): loaded instead of training;
@@ -18,8 +23,10 @@ Every phase leaves its result in the workdir; a rerun resumes in this order:
   re-issue, answered ids, fleet counters, the prompt stream's position with
   the not yet issued rest of a GRPO group), the GRPO rows held until their
   group is complete, and the running-mean baseline's buffers;
-* ``publish/`` is cleared (a crashed run may have published ahead of its last
-  checkpoint), then the restored version is published and pushed to the
+* ``publish/`` is cleared when the run's publisher is made
+  (``sao.publishing``; a crashed run may have published ahead of its last
+  checkpoint), then the restored version is published (with its HF export
+  when ``checkpoint.hf_export``) and pushed to the
   workers before the first lease; RL continues at the checkpoint's step.
 """
 from __future__ import annotations
@@ -27,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import time
 from typing import Callable
 
@@ -38,8 +44,8 @@ from sao import ckpt, components, rl_loop, run_metrics, sft, workers
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
-from sao.evaluation import Sampler
-from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
+from sao.evaluation import FleetSampler, Sampler
+from sao.fleet.dispatcher import Dispatcher
 from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
@@ -73,12 +79,20 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
             sft_warm_start(cfg, policy, tokenizer, workdir, writer, log)
         learner = Learner(components.learner_config(cfg), mesh_from_config(cfg.model.mesh), policy)
         states = learner.init_states()
-        engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in-process sampler
-        sampler = Sampler(engine, components.make_env_factory(cfg, tasks, clock=components.engine_clock(
-                              lambda: engine)), tokenizer, components.sampling_params(cfg, tokenizer),
-                          param_state=lambda s: learner.actor_def.param_state(s.actor.params),
-                          concurrency=cfg.rollout.max_concurrency,
-                          **components.episode_kwargs(cfg, tokenizer))
+        publish = components.publisher(cfg, learner, policy.cfg, tokenizer,  # clears publish/
+                                       workers.publish_root(cfg, workdir))
+        if components.samples_on_fleet(cfg):               # SGLang engines: the learner holds none
+            sampler = FleetSampler(addresses, components.dispatcher_config(
+                cfg, learner, tokenizer, security, initial_version=states.policy_version), publish,
+                temperature=cfg.rollout.temperature, timeout_s=cfg.run.batch_timeout_s)
+        else:
+            engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in-process
+            sampler = Sampler(engine, components.make_env_factory(
+                                  cfg, tasks, clock=components.engine_clock(lambda: engine)),
+                              tokenizer, components.sampling_params(cfg, tokenizer),
+                              param_state=lambda s: learner.actor_def.param_state(s.actor.params),
+                              concurrency=cfg.rollout.max_concurrency,
+                              **components.episode_kwargs(cfg, tokenizer))
 
         def evaluate(states, step: int) -> dict:
             m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
@@ -107,7 +121,8 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         states, steps_done, fleet = reinforce(cfg, learner, states, addresses, train_records,
                                               tokenizer, start_step=start_step, data_state=data_state,
                                               checkpointer=checkpointer, evaluate=evaluate,
-                                              workdir=workdir, writer=writer, security=security)
+                                              workdir=workdir, writer=writer, security=security,
+                                              publish=publish, sampler=sampler)
         checkpointer.close()
         # 5. Held-out evaluation after RL.
         after = evaluate(states, steps_done)
@@ -182,31 +197,24 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
 
 def reinforce(cfg, learner, states, addresses: list[str], train_records: list[dict], tokenizer, *,
               start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer,
-              security):
+              security, publish, sampler):
     """Phase 4: the RL loop from ``start_step`` with a dispatcher over ``addresses``.
 
     ``data_state`` is the restored checkpoint's (``{}`` on a fresh run);
-    ``security`` the fleet's token / TLS (``workers.fleet_security``). Returns
+    ``security`` the fleet's token / TLS (``workers.fleet_security``);
+    ``publish(states, version) -> uri`` the run's ``sao.publishing.Publisher``;
+    ``sampler`` (``evaluate``'s) samples through this dispatcher meanwhile. Returns
     ``(states, steps done, the dispatcher's final snapshot)``.
     """
     baseline = components.running_mean_baseline(cfg)      # running-mean advantages, or None
     if baseline is not None and data_state.get("baseline"):
         baseline.load_state_dict(data_state["baseline"])
-    publish_dir = workers.publish_root(cfg, workdir)
-    shutil.rmtree(publish_dir, ignore_errors=True)         # a crashed run may have published ahead
-
-    def publish(s, version: int) -> str:
-        return ckpt.publish(publish_dir, version, learner.actor_def.param_state(s.actor.params), keep=3)
-
     # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
     # "prompts" is where checkpoints written before kept the position alone.
     stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
                                           state=data_state.get("prompts")), cfg.rollout.group_size)
-    dispatcher = Dispatcher(addresses, stream, DispatcherConfig(
-        batch_size=cfg.learner.batch_size, vocab_size=tokenizer.vocab_size, tau=cfg.rollout.tau,
-        initial_version=states.policy_version, max_length=max(learner.cfg.length_buckets),
-        max_abs_reward=cfg.rollout.max_abs_reward,
-        security=security))
+    dispatcher = Dispatcher(addresses, stream, components.dispatcher_config(
+        cfg, learner, tokenizer, security, initial_version=states.policy_version))
     if data_state.get("dispatcher"):
         dispatcher.load_state_dict(data_state["dispatcher"])
     group_size = cfg.rollout.group_size
@@ -228,9 +236,10 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
     loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                               eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
                               batch_timeout_s=cfg.run.batch_timeout_s)
-    with dispatcher, run_metrics.Progress(cfg.run.steps, description="SAO", enabled=cfg.run.progress,
-                                          keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
-                                                "critic/explained_variance")) as bar:
+    with dispatcher, sampler.using(dispatcher), run_metrics.Progress(
+            cfg.run.steps, description="SAO", enabled=cfg.run.progress,
+            keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
+                  "critic/explained_variance")) as bar:
         bar.update(start_step)
         hooks = rl_loop.LoopHooks(
             publish=publish, write=writer.write, evaluate=evaluate, checkpoint=checkpoint,

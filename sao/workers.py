@@ -59,13 +59,26 @@ def publish_root(cfg, workdir: str) -> str:
     return cfg.rollout.publish_root or os.path.join(workdir, "publish")
 
 
+def server_log_dir(workdir: str) -> str:
+    """Where a worker's own SGLang server logs: ``<workdir>/workers`` for a
+    local work dir, ``""`` (``/tmp``) for a remote one (``gs://...``)."""
+    if "://" in workdir:
+        return ""
+    path = os.path.join(workdir, "workers")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_index: int = 0,
           sglang_url: str = "", address_file: str = "") -> None:
     """Serves one rollout worker until SIGINT / SIGTERM.
 
     ``port=0`` binds any free port; ``address_file`` gets ``host:port`` once
     serving (written atomically); ``worker_index`` seeds the engine and names
-    the worker; ``sglang_url`` is the server of ``rollout.engine="sglang"``.
+    the worker. With ``rollout.engine="sglang"`` the worker starts and
+    supervises its own server from ``rollout.sglang`` (log in
+    :func:`server_log_dir`; stopped when the worker exits) or attaches to
+    ``sglang_url`` / ``rollout.sglang.url_file`` (``sao.sglang_setup``).
     The worker reads the run's token file (:func:`fleet_security`; raises what
     it raises) and loads weights only from :func:`publish_root`.
     """
@@ -75,7 +88,8 @@ def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_i
 
     def make():
         engine = components.make_engine(cfg, seed=cfg.seed * 1000 + worker_index + 1,
-                                        sglang_url=sglang_url)
+                                        sglang_url=sglang_url, worker_index=worker_index,
+                                        log_dir=server_log_dir(workdir))
         make_env = components.make_env_factory(cfg, components.make_tasks(cfg),
                                                clock=components.engine_clock(lambda: engine))
         episode = agent_episode_fn(engine, make_env, tokenizer, components.sampling_params(cfg, tokenizer),

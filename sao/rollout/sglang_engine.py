@@ -17,7 +17,9 @@ Facts this client relies on (checked against sglang-jax 0.1.0rc0):
   it (sglang-jax answers 404) reload by ``"restart"``: new requests wait,
   in-flight ones finish first, and the supervised ``SGLangServer`` is
   restarted on the new directory, so every completion has one version. A
-  supervised server found dead is restarted on the next load in either mode.
+  supervised server found dead (or never started) is started on the next
+  load in either mode: a rollout worker starts its server with the learner's
+  first weights (``sao.sglang_setup``).
 * Failures are bounded: ``max_reload_failures`` loads failing in a row make
   the engine unusable (``unusable`` says why): every later call raises
   EngineError at once and ``health()`` is False, so the worker can report
@@ -70,6 +72,8 @@ class SGLangEngine(Engine):
         attempt (retried like other requests); a restart is bounded by the
         server's own stop and ready timeouts.
       max_reload_failures: loads failing in a row before the engine is unusable.
+      owns_server: ``close()`` also stops ``server`` (the engine's owner
+        handed it over, e.g. a rollout worker's own server).
     Raises ValueError on an unknown ``reload``, ``"restart"`` without a server,
     or ``max_reload_failures < 1``.
     """
@@ -77,7 +81,8 @@ class SGLangEngine(Engine):
     def __init__(self, base_url: str, *, version: int = 0, timeout_s: float = 600.0,
                  connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.5,
                  server=None, reload: str = "update_weights_from_disk",
-                 reload_timeout_s: float = 120.0, max_reload_failures: int = 3):
+                 reload_timeout_s: float = 120.0, max_reload_failures: int = 3,
+                 owns_server: bool = False):
         if reload not in RELOAD_MODES:
             raise ValueError(f"reload must be one of {RELOAD_MODES}, got {reload!r}")
         if reload == "restart" and server is None:
@@ -92,6 +97,7 @@ class SGLangEngine(Engine):
         self.max_retries = int(max_retries)
         self.backoff_s = float(backoff_s)
         self.server = server
+        self.owns_server = bool(owns_server and server is not None)
         self.reload = reload
         self.max_reload_failures = int(max_reload_failures)
         self.reload_failures = 0  # in a row
@@ -272,9 +278,12 @@ class SGLangEngine(Engine):
             return False
 
     async def close(self) -> None:
+        """Closes the HTTP session; with ``owns_server`` also stops the server."""
         if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
             self._session = None
+        if self.owns_server:
+            await asyncio.to_thread(self.server.stop)
 
 
 def hf_dir_of(uri: str) -> str:

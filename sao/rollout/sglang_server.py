@@ -8,11 +8,16 @@ roll!" (both print it) plus ``GET /health``: the CPU server (sglang-jax)
 answers /health before its warm-up request finished and a request sent then
 can crash it. The server runs in its own process group, and ``stop`` ends
 the whole group (SIGTERM, then SIGKILL after ``stop_timeout_s``): the server
-forks a scheduler and a detokenizer that must not outlive it.
+forks a scheduler and a detokenizer that must not outlive it. With
+``die_with_parent`` (default, Linux with util-linux's ``setpriv``) the kernel
+also kills the server when the thread that started it dies, e.g. a rollout
+worker SIGKILLed before it could stop its server; its scheduler and
+detokenizer end with it on their own.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,13 +66,18 @@ class SGLangServer:
       python_path: directories put first on the server's ``PYTHONPATH``
         (before the caller's), e.g. a module that must shadow an installed one.
       ready_timeout_s: how long ``start`` waits for readiness.
+      die_with_parent: start it under ``setpriv --pdeathsig KILL`` (where
+        ``setpriv`` exists): the kernel kills it when the *thread* that called
+        ``start`` / ``restart`` dies, so call them from a thread that lives as
+        long as the server should (the main thread, or a pool's worker).
     """
 
     def __init__(self, model_path: str, *, python: str, module: str = "sgl_jax.launch_server",
                  args: Sequence[str] | None = None, host: str = "127.0.0.1",
                  port: int | None = None, log_path: str | None = None,
                  env: dict[str, str] | None = None, python_path: Sequence[str] = (),
-                 ready_timeout_s: float = 300.0, stop_timeout_s: float = 20.0):
+                 ready_timeout_s: float = 300.0, stop_timeout_s: float = 20.0,
+                 die_with_parent: bool = True):
         self.model_path = model_path
         self.python = python
         self.module = module
@@ -84,6 +94,7 @@ class SGLangServer:
             self.env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -95,6 +106,11 @@ class SGLangServer:
         return [self.python, "-m", self.module, "--model-path", self.model_path,
                 "--host", self.host, "--port", str(self.port), "--skip-tokenizer-init",
                 *self.args]
+
+    def launch_argv(self) -> list[str]:
+        """``command()`` as started: under ``setpriv --pdeathsig KILL`` with ``die_with_parent``."""
+        setpriv = shutil.which("setpriv") if self.die_with_parent else None
+        return ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + self.command()
 
     def environment(self) -> dict[str, str]:
         """The server's environment: the caller's without ``XLA_FLAGS`` (e.g. 8
@@ -117,7 +133,7 @@ class SGLangServer:
             raise RuntimeError(f"server already running (pid {self.proc.pid})")
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                self.launch_argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.environment(), start_new_session=True)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
