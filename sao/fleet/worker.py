@@ -263,6 +263,7 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
             max_concurrency=self.config.max_concurrency, completed=self.completed,
             failed=self.failed, generated_tokens=self.generated_tokens,
             uptime_s=time.monotonic() - self._t0, healthy=healthy,
+            refused_updates=self.refused_updates,
             unusable=engine_unusable(self.engine))
 
 

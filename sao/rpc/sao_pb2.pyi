@@ -114,7 +114,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("worker_id", "version", "active_episodes", "max_concurrency", "completed", "failed", "generated_tokens", "uptime_s", "healthy", "unusable")
+    __slots__ = ("worker_id", "version", "active_episodes", "max_concurrency", "completed", "failed", "generated_tokens", "uptime_s", "healthy", "unusable", "refused_updates")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class StatusResponse(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     UNUSABLE_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_UPDATES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     version: int
     active_episodes: int
@@ -135,4 +136,5 @@ class StatusResponse(_message.Message):
     uptime_s: float
     healthy: bool
     unusable: str
-    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., active_episodes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., uptime_s: _Optional[float] = ..., healthy: _Optional[bool] = ..., unusable: _Optional[str] = ...) -> None: ...
+    refused_updates: int
+    def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., active_episodes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., uptime_s: _Optional[float] = ..., healthy: _Optional[bool] = ..., unusable: _Optional[str] = ..., refused_updates: _Optional[int] = ...) -> None: ...

@@ -118,3 +118,4 @@ def test_refused_update_is_an_error_value_and_changes_nothing():
         assert not update(1, "/run/publish/v1b/params").ok
         assert w.engine.version == 1 and w.engine.weight_uris == ["/run/publish/v1/params"]
         assert w.server.servicer.refused_updates == 3
+        assert stub.Status(sao_pb2.StatusRequest(), timeout=10).refused_updates == 3  # visible remotely
