@@ -25,7 +25,7 @@ from sao.fleet.local import ThreadedWorker
 from sao.fleet.worker import WorkerConfig
 from sao.types import Trajectory
 
-G, B, N = 4, 8, 20          # group size, rows per batch (2 groups), prompts (20 groups, 10 batches)
+G, B, N = 4, 8, 40          # group size, rows per batch (2 groups), prompts (40 groups, 20 batches)
 VOCAB = 272
 
 
