@@ -4,10 +4,22 @@
         --workdir=gs://BUCKET/sao_math --tpu=sao-v5p --zone=us-east5-a \
         --accelerator=v5p-64 --fleet=fleet-0,fleet-1 --dry-run
 
-Steps: create the TPU VM (all hosts), install SAO on every host, start the
-rollout fleet (``launch/sglang_fleet.py`` on each GPU fleet machine: SGLang
-servers + our rollout workers), then run ``sao.main --role=learner`` on every
-TPU host at once (``--worker=all``). Each host joins one JAX job through
+Steps: create the TPU VM (all hosts); install SAO on every host; set up each
+GPU fleet machine (SAO, and SGLang in its own environment with ``make venv
+sglang-real-venv``); mount the work dir's bucket with gcsfuse at ``--mount``
+on every TPU host and fleet machine; start the rollout fleet
+(``launch/sglang_fleet.py`` on each fleet machine: rollout workers, each
+starting its own SGLang server); then run ``sao.main --role=learner`` on every
+TPU host at once (``--worker=all``).
+
+Where weights travel: the learner publishes into ``rollout.publish_root`` =
+``<mount>/<path of the work dir in its bucket>/publish`` (``gs://BUCKET/run``
+-> ``/mnt/sao-bucket/run/publish``), a path every machine reads and writes
+through its own mount of the same bucket; SGLang servers load the HF export of
+each version from there, and workers accept only uris under it. The
+machines' service accounts need read/write access to the bucket. The
+workers' tokenizer comes from ``--fleet_model`` (default the base model in the
+bucket, through the mount), which the learner also starts from. Each host joins one JAX job through
 ``jax.distributed.initialize`` (``JAX_COORDINATOR_ADDRESS`` = host 0,
 ``JAX_NUM_PROCESSES`` = hosts, ``JAX_PROCESS_ID`` = the host's worker number
 from the metadata server); only process 0 talks to the fleet.
@@ -28,10 +40,21 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import fleet_token  # noqa: E402
 from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
+from launch.mesh_check import learner_mesh  # noqa: E402
 
 CHIPS_PER_HOST = 4          # v4 / v5p hosts have 4 chips
 COORDINATOR_PORT = 8476
 WORKER_PORT = 50151
+DEFAULT_MOUNT = "/mnt/sao-bucket"
+SGLANG_PYTHON = "$HOME/.cache/sao/sglang-0.5.23/bin/python"  # what `make sglang-real-venv` installs
+# gcsfuse from Google's apt repository (cloud.google.com/storage/docs/gcsfuse-install).
+GCSFUSE_INSTALL = (
+    "(command -v gcsfuse >/dev/null || ("
+    "curl -s https://packages.cloud.google.com/apt/doc/apt-key.gpg | "
+    "sudo tee /usr/share/keyrings/cloud.google.asc >/dev/null && "
+    "echo \"deb [signed-by=/usr/share/keyrings/cloud.google.asc] https://packages.cloud.google.com/apt "
+    "gcsfuse-$(lsb_release -c -s) main\" | sudo tee /etc/apt/sources.list.d/gcsfuse.list && "
+    "sudo apt-get update -q && sudo apt-get install -y -q gcsfuse))")
 WORKER_NUMBER = ("$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/"
                  "computeMetadata/v1/instance/attributes/agent-worker-number)")
 
@@ -50,20 +73,46 @@ def num_hosts(accelerator: str) -> int:
     return max(1, chips // CHIPS_PER_HOST)
 
 
+def bucket_path(workdir: str) -> tuple[str, str]:
+    """``gs://BUCKET/a/b`` -> ``("BUCKET", "a/b")``; raises ValueError for another scheme."""
+    if not workdir.startswith("gs://") or len(workdir) <= len("gs://"):
+        raise ValueError(f"--workdir must be gs://BUCKET/... (every machine mounts the bucket), "
+                         f"got {workdir!r}")
+    bucket, _, path = workdir[len("gs://"):].partition("/")
+    return bucket, path.strip("/")
+
+
+def mount_command(bucket: str, mount: str) -> str:
+    """Installs gcsfuse if absent and mounts ``bucket`` at ``mount`` (nothing if mounted)."""
+    return (f"{GCSFUSE_INSTALL} && sudo mkdir -p {mount} && sudo chown $USER {mount} && "
+            f"(mountpoint -q {mount} || gcsfuse --implicit-dirs --rename-dir-limit=1000000 "
+            f"{bucket} {mount})")
+
+
 def build(args) -> list[Step]:
     gcloud = ["gcloud", "compute", "tpus", "tpu-vm"]
     where = f"--zone={args.zone}"
     hosts = num_hosts(args.accelerator)
-    setup = (f"git clone {args.repo} sao || (cd sao && git pull); cd sao && "
-             "python3.11 -m venv .venv && .venv/bin/pip install -q -e . 'jax[tpu]'")
+    bucket, path = bucket_path(args.workdir)
+    publish_root = "/".join(p for p in (args.mount, path, "publish") if p)
+    fleet_model = args.fleet_model or f"{args.mount}/models/base"
+    clone = f"(git clone {args.repo} sao || (cd sao && git pull))"
+    setup = (f"{clone} && cd sao && python3.11 -m venv .venv && "
+             f".venv/bin/pip install -q -e . 'jax[tpu]' && {mount_command(bucket, args.mount)}")
     steps = [
         Step("local", (*gcloud, "create", args.tpu, where, f"--accelerator-type={args.accelerator}",
                        f"--version={args.runtime}")),
         Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all", f"--command={setup}")),
     ]
+    fleet_setup = (f"{clone} && cd sao && make venv sglang-real-venv && "
+                   f"{mount_command(bucket, args.mount)}")
+    for machine in args.fleet:  # SAO, SGLang (once per machine, in ~/.cache/sao) and the mount
+        steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where,
+                                    f"--command={fleet_setup}")))
+    shared = [f"rollout.publish_root={publish_root}", f"model.init={fleet_model}"]
     # Credentials: made here, copied (0600) to each machine before its role starts; paths only.
     learner_files, worker_files = [], []                 # local paths to copy
-    learner_set, worker_set = list(args.set), list(args.set)   # overrides naming the copies
+    learner_set, worker_set = [*args.set, *shared], [*args.set, *shared]  # + the copies' paths
     if not fleet_token.configured(args.set, "rollout.token_file"):
         token = fleet_token.token_path(os.path.expanduser(args.token_dir or f"~/.sao/{args.tpu}"))
         steps.append(fleet_token.create_step(os.path.dirname(token), sys.executable))
@@ -85,7 +134,7 @@ def build(args) -> list[Step]:
             steps += fleet_token.vm_copy_steps(worker_files, machine, args.zone)
         fleet_cmd = (f"cd sao && .venv/bin/python launch/sglang_fleet.py --config={args.config} "
                      f"--workdir={args.workdir} --servers={args.servers_per_machine} "
-                     f"--model={args.fleet_model} --host=0.0.0.0"
+                     f"--model={fleet_model} --host=0.0.0.0 --sglang_python={SGLANG_PYTHON}"
                      + "".join(f" --set {o}" for o in worker_set))
         steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where,
                                     f"--command={fleet_cmd}"), background=True))
@@ -109,7 +158,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repo", default="https://github.com/YOUR_ORG/sao.git")
     parser.add_argument("--fleet", default="", help="comma-separated GPU fleet machine names")
     parser.add_argument("--servers_per_machine", type=int, default=8, help="SGLang servers per fleet machine")
-    parser.add_argument("--fleet_model", default="gs://BUCKET/models/base", help="HF dir the fleet starts from")
+    parser.add_argument("--fleet_model", default="",
+                        help="base model's HF dir as every machine sees it (model.init of the "
+                        "learner and the workers; default <mount>/models/base)")
+    parser.add_argument("--mount", default=DEFAULT_MOUNT,
+                        help="where every machine mounts the work dir's bucket (gcsfuse)")
     parser.add_argument("--token_dir", default="", help="local directory of the run's token file "
                         "(default ~/.sao/<tpu>; reused on a relaunch)")
     parser.add_argument("--tls_cert", default="", help="local PEM certificate the workers serve with")
@@ -118,6 +171,8 @@ def main(argv=None) -> int:
                         "the learner verifies workers with")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
+    chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
+    learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
     return dry_run_or_run(build(args), args.dry_run)
 
 

@@ -7,6 +7,12 @@
 Roles: ``all`` (learner + locally spawned rollout worker processes, the
 default of ``sao-train``), ``learner`` (connects to ``rollout.worker_addresses``)
 and ``rollout`` (one gRPC rollout worker, the default of ``sao-rollout``).
+
+A multi-host learner runs ``--role=learner`` (or ``all``) once per host with
+``--coordinator_address=HOST0:PORT --num_processes=N --process_id=I`` (or the
+``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``
+variables the launchers set): each process joins the JAX job before anything
+else; with ``all`` only process 0 spawns the local workers (docs/multihost.md).
 Console scripts: ``sao-train`` = :func:`run_train`, ``sao-rollout`` = :func:`run_rollout`.
 """
 from __future__ import annotations
@@ -17,7 +23,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from sao import train, workers
+from sao import multihost, storage, train, workers
+from sao.learner.mesh import maybe_initialize_distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "experiment file and variant: experiments/<file>.py[:variant]",
@@ -29,6 +36,12 @@ _PORT = flags.DEFINE_integer("port", 0, "rollout role: port (0 = any free port)"
 _WORKER_INDEX = flags.DEFINE_integer("worker_index", 0, "rollout role: index (seeds, logs)")
 _SGLANG_URL = flags.DEFINE_string("sglang_url", "", "rollout role with rollout.engine=sglang: server URL")
 _ADDRESS_FILE = flags.DEFINE_string("address_file", "", "rollout role: write host:port here when serving")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", "", "multi-host learner: host:port of process 0 (else $JAX_COORDINATOR_ADDRESS)")
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", 0, "multi-host learner: processes in the job (else $JAX_NUM_PROCESSES)")
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", -1, "multi-host learner: this process's index, 0 = lead (else $JAX_PROCESS_ID)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -66,8 +79,16 @@ def main(argv: list[str]) -> None:
         workers.serve(cfg, workdir, host=_HOST.value, port=_PORT.value,
                       worker_index=_WORKER_INDEX.value, sglang_url=_SGLANG_URL.value,
                       address_file=_ADDRESS_FILE.value)
-    elif _ROLE.value == "learner":
+        return
+    storage.check(workdir, "--workdir")                   # gs:// without gcsfs / credentials: now
+    if cfg.model.init:
+        storage.check(cfg.model.init, "model.init")
+    maybe_initialize_distributed(coordinator_address=_COORDINATOR.value,
+                                 num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value)
+    if _ROLE.value == "learner":
         train.train(cfg, workdir, addresses=workers.configured_addresses(cfg))
+    elif not multihost.is_lead():                         # the lead's workers serve the job
+        train.train(cfg, workdir, addresses=[])
     else:
         with workers.local_fleet(cfg, workdir, _config_argv(sys.argv[1:])) as addresses:
             train.train(cfg, workdir, addresses=addresses)
