@@ -8,8 +8,8 @@ Every loss has the signature::
 
 ``logprobs`` are the learner's log pi_theta(token) (the only argument that
 carries gradient), ``behaviour_logprobs`` the policy the ratio is taken
-against (the rollout engine's log-probs for DIS, the learner's policy at the
-start of the step for PPO / GSPO / TIS). Per-token values are zero off the
+against (in the learner: the rollout engine's log-probs for DIS and PPO clip,
+the learner's policy at the start of the step for GSPO / TIS). Per-token values are zero off the
 action mask; reduce them with :func:`sao.algo.aggregate`. Inputs may be bf16:
 all arithmetic is float32. Diagnostics are means over the action tokens of
 the arrays given (0 when there are none).

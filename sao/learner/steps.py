@@ -23,10 +23,12 @@ from sao.learner.guards import finite_guard, select_tree
 from sao.learner.state import ModelDef, TrainState
 from sao.models import predict_values, token_logprobs, token_logprobs_and_entropy
 
-# Policy losses whose ratio is against the rollout engine's log-probs; every
-# other registry loss is taken against the learner's policy at the start of
-# the step (PPO / GSPO / TIS baselines).
-ROLLOUT_BEHAVIOUR_LOSSES = ("sao_dis",)
+# Policy losses whose ratio is against the rollout engine's log-probs (DIS, and
+# PPO clip so that the GRPO / VAPO baselines see the engine's lag: with one
+# update per batch a ratio against the learner's own policy is 1 and the clip
+# never binds; docs/algorithm.md §7); every other registry loss is taken
+# against the learner's policy at the start of the step (GSPO, TIS / MIS).
+ROLLOUT_BEHAVIOUR_LOSSES = ("sao_dis", "ppo_clip")
 # Registry losses that also take the engine's log-probs as a keyword (TIS/MIS).
 ROLLOUT_KWARG_LOSSES = ("grpo_tis", "grpo_mis")
 
@@ -161,8 +163,8 @@ def actor_grads(params, ref_params, inputs: dict, *, model_def: ModelDef, num_mi
       ref_params: reference policy params for the KL term, or None.
       inputs: ``tokens``, ``policy_mask bool[B, T]`` (action tokens that enter
         the policy loss), ``advantages f32[B, T]``, ``rollout_logprobs f32[B, T]``.
-      policy_loss: registry name; ``sao_dis`` takes the ratio against
-        ``rollout_logprobs``; other losses against the learner's policy at the
+      policy_loss: registry name; ``sao_dis`` and ``ppo_clip`` take the ratio
+        against ``rollout_logprobs``; other losses against the learner's policy at the
         start of the step (one update per step, so this is ``sg(log pi_theta)``
         from the same forward pass).
       agg_mode: `sao.algo.aggregate` mode, normalised by global counts.

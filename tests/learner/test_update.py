@@ -174,7 +174,9 @@ def test_grpo_baseline_with_kl():
     trajs = [traj(p, [GOOD], 1.0, pid="g"), traj(p, [BAD], 0.0, pid="g"),
              traj(p, [GOOD], 1.0, pid="g"), traj(p, [BAD], 0.0, pid="g")]
     batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=4, pad_id=256)
-    lp0 = np.asarray(lrn.actor_logprobs(states, batch.tokens))[:, 3]
+    lp = np.asarray(lrn.actor_logprobs(states, batch.tokens))   # on-policy engine: ratio 1
+    batch = batch.replace(rollout_logprobs=np.where(batch.action_mask, lp, 0.0).astype(np.float32))
+    lp0 = lp[:, 3]
     states, m = lrn.update(states, batch)
     lp1 = np.asarray(lrn.actor_logprobs(states, batch.tokens))[:, 3]
     assert m["learner/actor_updated"] == 1 and m["actor/clip_fraction"] == 0
@@ -182,6 +184,42 @@ def test_grpo_baseline_with_kl():
     np.testing.assert_allclose(m["batch/advantage_mean"], 0.0, atol=1e-5)
     assert lp1[0] > lp0[0] and lp1[1] < lp0[1]
     assert isinstance(states, LearnerStates) and states.policy_version == 1
+
+
+def test_ppo_clip_ratio_is_against_the_engine_logprobs():
+    """PPO clip (GRPO / VAPO baselines) takes its ratio against rollout_logprobs
+    (docs/algorithm.md §7): tokens the engine sampled with a much lower
+    probability than the learner now gives them (ratio > 1 + eps_high, A > 0)
+    are clipped and get no gradient; with on-policy log-probs nothing is."""
+    cfg = CFG.replace(advantage_estimator="grpo", policy_loss="ppo_clip", eps_low=0.2,
+                      eps_high=0.28, critic_steps=0, critic_warmup_steps=0, actor_lr=1e-2)
+    lrn = Learner(cfg, one_device_mesh(), make_policy(0))
+    p = [257, 1, 2]
+    trajs = [traj(p, [GOOD], 1.0, pid="g"), traj(p, [BAD], 0.0, pid="g"),
+             traj(p, [GOOD], 1.0, pid="g"), traj(p, [BAD], 0.0, pid="g")]
+    batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=4, pad_id=256)
+    states = lrn.init_states()
+    lp = np.asarray(lrn.actor_logprobs(states, batch.tokens))
+    # Stale engine: GOOD rows were sampled at log-prob - 1 (ratio e > 1.28, A > 0: clipped),
+    # BAD rows at the learner's own log-prob (ratio 1, A < 0: not clipped).
+    shift = np.zeros_like(lp)
+    shift[[0, 2], 3] = 1.0
+    stale = batch.replace(rollout_logprobs=np.where(batch.action_mask, lp - shift, 0.0
+                                                    ).astype(np.float32))
+    states, m = lrn.update(states, stale)
+    lp1 = np.asarray(lrn.actor_logprobs(states, batch.tokens))[:, 3]
+    assert m["actor/clip_fraction"] == pytest.approx(0.5)
+    assert lp1[1] < lp[1, 3]                       # the unclipped BAD tokens are pushed down
+    on_policy = batch.replace(rollout_logprobs=np.where(batch.action_mask, lp, 0.0
+                                                        ).astype(np.float32))
+    _, m0 = lrn.update(lrn.init_states(), on_policy)
+    assert m0["actor/clip_fraction"] == 0
+    # The clipped tokens are the A > 0 ones (GOOD), the others have A < 0.
+    from sao.learner.update import outcome_targets
+    t = outcome_targets(stale, 0, estimator="grpo", gamma=1.0, whiten=False,
+                        drop_truncated=False)
+    adv = np.asarray(t["advantages"])
+    assert adv[0, 3] > 0 and adv[1, 3] < 0
 
 
 def test_outcome_targets_estimators():
