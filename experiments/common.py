@@ -84,7 +84,24 @@ def base() -> ml_collections.ConfigDict:
     r.group_size = 1                      # rollouts per prompt (1 = single rollout; GRPO 8)
     r.tau = 4                             # staleness bound: drop if learner - oldest version > τ
     r.push_every = 1                      # push weights to the fleet every N learner steps
-    r.sglang_url_file = ""                # file listing SGLang server URLs (launch/sglang_fleet.py)
+    r.weights_timeout_s = 900.0           # learner: one UpdateWeights (a server restart takes minutes)
+    r.max_broken_workers = 0              # learner: workers that may break (engine gave up) before FleetError
+    # SGLang servers of rollout.engine="sglang" (docs/rollout.md "Workers and their servers"): each
+    # worker starts and supervises its own server from this command, or attaches to one by URL.
+    r.sglang = g = ml_collections.ConfigDict()
+    g.python = ""                         # the SGLang environment's interpreter ("" = attach by URL)
+    g.module = "sglang.launch_server"     # "sglang.launch_server" (PyTorch) | "sgl_jax.launch_server"
+    g.args = ""                           # extra server flags, shell-quoted ("--tp 2 --dtype bfloat16")
+    g.env = ""                            # extra server environment, shell-quoted "K=V K2=V2"
+    g.python_path = ""                    # directories put first on the server's PYTHONPATH (":"-separated)
+    g.host = "127.0.0.1"                  # where the server listens (its worker talks to it)
+    g.port = 0                            # worker i's server port is port + i (0 = any free port)
+    g.reload = ""                         # "update_weights_from_disk" | "restart" ("" = restart for sgl_jax)
+    g.reload_timeout_s = 120.0            # one /update_weights_from_disk attempt
+    g.ready_timeout_s = 900.0             # a server start or restart, until it answers
+    g.max_reload_failures = 3             # loads failing in a row before the worker reports itself unusable
+    g.request_timeout_s = 600.0           # one /generate attempt
+    g.url_file = ""                       # attach: server URLs one per line, worker i takes line i
     r.worker_addresses = ""               # comma-separated host:port of remote workers ("" = spawn locally)
     # Fleet security (docs/fleet.md "Security"): every run has a token; TLS is set by file paths.
     r.token_file = ""                     # token file ("" = <workdir>/fleet.token, created 0600 per run)
@@ -139,12 +156,14 @@ def base() -> ml_collections.ConfigDict:
     v.every = 50                          # learner steps between held-out evaluations (0 = only before/after)
     v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
     v.temperature = 1.0                   # sampling temperature of evaluation
+    v.where = "auto"                      # "learner" (in-process JaxEngine) | "fleet" (eval leases on the
+                                          # workers, never trained on) | "auto" (fleet for SGLang engines)
 
     # --- checkpoint ------------------------------------------------------------
     c.checkpoint = p = ml_collections.ConfigDict()
     p.every = 20                          # learner steps between orbax checkpoints
     p.keep = 3                            # checkpoints kept
-    p.hf_export = True                    # also export HF safetensors on publish (SGLang fleets)
+    p.hf_export = True                    # also write the HF export on publish (what SGLang servers load)
 
     # --- run -----------------------------------------------------------------
     c.run = u = ml_collections.ConfigDict()
@@ -196,6 +215,35 @@ def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.checkpoint.hf_export = False
     c.run.steps = 30
     c.run.batch_timeout_s = 600.0
+    return c
+
+
+def fleet_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The full-scale path shrunk to this CPU: an HF model (``model.init``, given by
+    ``launch/sglang_fleet.py --model``) with its own tokenizer and Hermes tool calls,
+    served by SGLang servers that the workers start (``--backend=jax`` or ``torch``
+    with ``--device=cpu``), HF exports pushed and reloaded; minutes
+    (tests/e2e/test_sglang_fleet_run.py runs it with a small Qwen3)."""
+    c = cpu(c)
+    c.model.tokenizer = "hf"
+    c.learner.batch_size = 4
+    c.learner.length_buckets = (256,)
+    c.critic.critic_warmup_steps = 0      # the policy moves from the first step on
+    c.critic.value_pretrain_steps = 2
+    c.train.value_pretrain_trajectories = 4
+    c.rollout.engine = "sglang"
+    c.rollout.max_concurrency = 4
+    c.rollout.max_new_tokens = 40
+    c.rollout.max_turns = 2
+    c.env.tool_format = "hermes"
+    c.env.prompt_style = "env"
+    c.env.max_tool_calls = 1
+    c.sft.steps = 0
+    c.eval.every = 2
+    c.eval.num_prompts = 4
+    c.checkpoint.every = 2
+    c.checkpoint.hf_export = True
+    c.run.steps = 3
     return c
 
 

@@ -30,6 +30,12 @@ class Step:
         return f"{env} {cmd}".strip() + (" &" if self.background else "")
 
 
+def expandable(word: str) -> str:
+    """``word`` as one double-quoted shell word: ``$VAR`` still expands (``"$HOME/sao"``),
+    while ``"``, ``\\`` and backquotes are escaped (``shlex.quote`` would stop the expansion)."""
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
+
+
 def sao_main(config: str, workdir: str, role: str, *, python: str = "python",
              overrides: Sequence[str] = (), extra: Sequence[str] = ()) -> tuple[str, ...]:
     """argv of ``python -m sao.main`` for one role; raises ValueError on an unknown role."""
@@ -46,19 +52,23 @@ def print_steps(steps: Sequence[Step], out=None) -> None:
         print(f"[{s.where}] {s.shell()}", file=out)
 
 
-def dry_run_or_run(steps: Sequence[Step], dry_run: bool) -> int:
+def dry_run_or_run(steps: Sequence[Step], dry_run: bool, *, stop_background: bool = False) -> int:
     """``--dry-run``: prints the steps and returns 0; otherwise runs them (``run_steps``)."""
     if dry_run:
         print_steps(steps)
         return 0
-    return run_steps(steps)
+    return run_steps(steps, stop_background=stop_background)
 
 
-def run_steps(steps: Sequence[Step]) -> int:
-    """Runs steps in order; background steps are started and waited for at the end.
+def run_steps(steps: Sequence[Step], *, stop_background: bool = False,
+              stop_timeout_s: float = 60.0) -> int:
+    """Runs steps in order; background steps are started and, at the end, waited
+    for, or with ``stop_background`` (servers, once the foreground job is done)
+    stopped: SIGTERM, SIGKILL after ``stop_timeout_s``.
 
-    Returns the first non-zero exit status (0 if all succeed); background
-    processes are terminated when a foreground step fails.
+    Returns the first non-zero exit status (0 if all succeed; a background
+    step stopped this way does not count); background processes are
+    stopped the same way when a foreground step fails or this one is interrupted.
     """
     background: list[subprocess.Popen] = []
     status = 0
@@ -71,13 +81,25 @@ def run_steps(steps: Sequence[Step]) -> int:
             status = subprocess.call(list(s.argv), env=env)
             if status:
                 return status
-        for p in background:
-            status = status or p.wait()
+        if not stop_background:
+            for p in background:
+                status = status or p.wait()
         return status
     finally:
-        for p in background:
-            if p.poll() is None:
-                p.terminate()
+        stop_processes(background, stop_timeout_s)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], timeout_s: float) -> None:
+    """SIGTERM to each running process, SIGKILL to those still running after ``timeout_s``."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def add_common_flags(parser) -> None:

@@ -171,6 +171,10 @@ def main(argv=None) -> int:
                         "the learner verifies workers with")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
+    try:
+        bucket_path(args.workdir)
+    except ValueError as e:
+        parser.error(str(e))
     chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
     learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
     return dry_run_or_run(build(args), args.dry_run)

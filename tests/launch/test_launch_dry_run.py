@@ -56,23 +56,114 @@ def test_slurm_script():
     assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
 
 
+def worker_config(line: str):
+    """The config a worker of a dry-run line loads: its experiment plus its ``--config.*`` overrides."""
+    sys.path.insert(0, ROOT)
+    from experiments import sao_math
+    argv = shlex.split(line.split("] ", 1)[1].removesuffix(" &"))
+    cfg = sao_math.get_config(next(a for a in argv if a.startswith("--config="))
+                              .split(":", 1)[1])
+    cfg.unlock()
+    for a in argv:
+        if a.startswith("--config."):
+            key, value = a[len("--config."):].split("=", 1)
+            *groups, name = key.split(".")
+            node = cfg
+            for g in groups:
+                node = node[g]
+            node[name] = type(node[name])(value)
+    return cfg, argv
+
+
 def test_sglang_fleet_commands():
+    """Each worker starts its own server (sglang_setup) on port sglang_port + i, GPU i * tp."""
+    from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
                     "--model=/m", "--servers=2", "--tp=2", "--python=python")
-    assert len(lines) == 4
-    server1 = shlex.split(lines[2].split("] ", 1)[1][:-2])
+    assert len(lines) == 3 and "ensure_token_file" in lines[0] and lines[0].endswith(" /r")
+    cfg, worker1 = worker_config(lines[2])
+    assert lines[2].startswith("[worker1] ") and lines[2].endswith(" &")
+    assert worker1[:3] == ["python", "-m", "sao.main"] and "--role=rollout" in worker1
+    assert "--port=50152" in worker1 and "--worker_index=1" in worker1
+    assert cfg.rollout.engine == "sglang" and cfg.model.init == "/m"
+    server1 = sglang_setup.make_server(cfg, 1).command()
     assert server1[:3] == ["python", "-m", "sglang.launch_server"]
     assert server1[server1.index("--port") + 1] == "30001" and server1[server1.index("--base-gpu-id") + 1] == "2"
-    worker1 = lines[3]
-    assert "--sglang_url=http://127.0.0.1:30001" in worker1 and "--port=50152" in worker1
-    assert "--config.rollout.engine=sglang" in worker1
+    assert server1[server1.index("--tp") + 1] == "2"
+    assert sglang_setup.reload_mode(cfg) == "update_weights_from_disk"
 
 
 def test_sglang_jax_servers_disable_the_overlap_scheduler():
+    from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
                     "--model=/m", "--servers=1", "--backend=jax", "--python=python")
-    server0 = shlex.split(lines[0].split("] ", 1)[1][:-2])
+    cfg, _ = worker_config(lines[1])
+    server0 = sglang_setup.make_server(cfg, 0).command()
     assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
+    assert sglang_setup.reload_mode(cfg) == "restart"  # sglang-jax has no update endpoint
+
+
+def test_sglang_fleet_on_cpu_with_its_learner():
+    """--device=cpu gives the backend's CPU flags; --learner adds the learner, in the foreground,
+    with the same model and the workers' addresses; server flags, env and path go through."""
+    from sao import sglang_setup
+    from sao.rollout.sglang_server import JAX_CPU_ARGS
+    lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
+                    "--model=/m", "--servers=2", "--backend=jax", "--device=cpu", "--python=python",
+                    "--sglang_python=/s/bin/python", "--server_args=--max-total-tokens 2048",
+                    "--server_env=A=1", "--server_python_path=/p", "--sglang_port=31000",
+                    "--learner", "--set", "run.steps=3")
+    assert [l.split("]")[0] for l in lines] == ["[local", "[worker0", "[worker1", "[learner"]
+    cfg, _ = worker_config(lines[2])
+    server = sglang_setup.make_server(cfg, 1)
+    command = server.command()
+    assert command[:3] == ["/s/bin/python", "-m", "sgl_jax.launch_server"]
+    assert command[command.index("--port") + 1] == "31001"
+    assert " ".join(JAX_CPU_ARGS) in " ".join(command)
+    assert command[-2:] == ["--max-total-tokens", "2048"]  # after the defaults: it wins
+    assert server.environment()["A"] == "1" and server.environment()["PYTHONPATH"].startswith("/p")
+    assert cfg.run.steps == 3
+    learner = shlex.split(lines[3].split("] ", 1)[1])
+    assert not lines[3].endswith("&") and "--role=learner" in learner
+    assert "--config.rollout.worker_addresses=127.0.0.1:50151,127.0.0.1:50152" in learner
+    assert "--config.model.init=/m" in learner and "--config.run.steps=3" in learner
+
+
+def test_slurm_script_expands_home(tmp_path):
+    """The script's ``cd`` and the fleet's SGLang interpreter use the node's $HOME
+    (single quotes kept '$HOME/sao' literal and the job died under set -e)."""
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r")
+    cd = next(l for l in lines if l.startswith("cd "))
+    fleet = next(l for l in lines if "launch/sglang_fleet.py" in l)
+    assert '--sglang_python="$HOME/.cache/sao/sglang-0.5.23/bin/python"' in fleet
+    fake = str(tmp_path)  # the node's $HOME, holding sao/.venv/bin/activate
+    os.makedirs(os.path.join(fake, "sao", ".venv", "bin"), exist_ok=True)
+    open(os.path.join(fake, "sao", ".venv", "bin", "activate"), "w").close()
+    out = subprocess.run(["bash", "-c", f"set -euo pipefail; {cd}; pwd"], capture_output=True,
+                         text=True, env={**os.environ, "HOME": fake}, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == os.path.join(fake, "sao")
+
+
+def test_tpu_vm_sets_up_the_fleet_and_a_publish_location_it_can_read():
+    lines = dry_run("tpu_vm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b",
+                    "--workdir=gs://bkt/runs/a", "--tpu=t1", "--fleet=f0,f1", "--servers_per_machine=1")
+    for machine in ("f0", "f1"):
+        setup = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang-real-venv" in l)
+        start = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang_fleet.py" in l)
+        assert setup < start and "make venv sglang-real-venv" in lines[setup]
+        assert "gcsfuse --implicit-dirs" in lines[setup] and "bkt /mnt/sao-bucket" in lines[setup]
+        assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in lines[start]
+        assert "--sglang_python=$HOME/.cache/sao/sglang-0.5.23/bin/python" in lines[start]
+        assert "--model=/mnt/sao-bucket/models/base" in lines[start]
+    assert "gcsfuse --implicit-dirs" in lines[1] and "--worker=all" in lines[1]  # the TPU hosts
+    learner = lines[-1]
+    assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in learner
+    assert "model.init=/mnt/sao-bucket/models/base" in learner
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm.py"),
+                          "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=/local/run",
+                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode != 0 and "gs://BUCKET" in out.stderr
 
 
 def test_full_scale_variants_are_not_deterministic_by_default():
