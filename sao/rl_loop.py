@@ -131,8 +131,8 @@ class GroupBatcher:
 
     def metrics(self) -> dict[str, int]:
         """``groups/dropped`` (discarded incomplete groups) and their rows
-        ``groups/dropped_rows``, cumulative over resumes; rows held now in
-        incomplete (``groups/pending``) and complete (``groups/ready``) groups."""
+        ``groups/dropped_rows``, cumulative over resumes; groups held now,
+        incomplete (``groups/pending``) and complete (``groups/ready``)."""
         return {"groups/dropped": self.dropped_groups, "groups/dropped_rows": self.dropped_rows,
                 "groups/pending": len(self._pending), "groups/ready": len(self._ready)}
 

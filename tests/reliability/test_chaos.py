@@ -67,6 +67,9 @@ def test_random_worker_kills_lose_nothing_and_train_nothing_twice(tmp_path):
     finally:
         sup.stop(timeout_s=5)
     counts = collections.Counter(t.prompt_id for t in trained)
+    print("chaos:", {"kills": kills, "restarts": sup.restarts(), "trained": m["trained"],   # reliability.md
+                     "distinct": len(counts), "reissued": m["reissued"], "drops": m["drops"],
+                     "connects": [w["connects"] for w in m["workers"].values()]})
     assert len(kills) == KILLS
     assert sorted(counts) == sorted(p["prompt_id"] for p in ps)        # 0 lost
     assert set(counts.values()) == {1}                                 # 0 trained twice
