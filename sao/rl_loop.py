@@ -21,6 +21,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from sao import timing
 from sao.learner.batch import make_train_batch
 from sao.rpc import codec
 from sao.types import Trajectory
@@ -176,7 +177,7 @@ def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str
 
 
 def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_step: int,
-          hooks: LoopHooks):
+          hooks: LoopHooks, timer: timing.Stopwatch | None = None):
     """Runs learner steps ``start_step .. loop.steps - 1``; returns ``(states, steps_done, counts)``.
 
     Args:
@@ -186,38 +187,60 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
         becomes the ``fleet/...`` metrics; batches come from it unless
         ``hooks.next_batch`` is set.
       loop: the schedule; hooks: see :class:`LoopHooks`.
+      timer: gets the wall seconds of each part of the steps (``sao.timing.RL_PARTS``):
+        ``wait_fleet`` (the next batch), ``batch`` (padding, batch metrics,
+        given advantages), ``update`` (``learner.update``, which fetches its
+        metrics, so the device work is done), ``publish`` (publish + push),
+        ``eval``, ``checkpoint``, ``log`` (fleet snapshot, records, progress).
+        Each step's record also holds its parts up to the record's writing as
+        ``time/<part>_s`` and their sum as ``time/step_s``.
     ``counts`` = ``{"trajectories": used, "dropped": dropped by the fleet}``.
     Raises TimeoutError when no batch arrives within ``loop.batch_timeout_s``.
     """
     cfg = learner.cfg
     next_batch = hooks.next_batch or source.get_batch
+    timer = timing.Stopwatch() if timer is None else timer
     used, done, pushed = 0, start_step, states.policy_version
     for step in range(start_step, loop.steps):
-        trajs = next_batch(loop.batch_timeout_s)                         # completion order
+        lap = timing.Stopwatch()
+        with lap.part("wait_fleet"):
+            trajs = next_batch(loop.batch_timeout_s)                     # completion order
         if not trajs:
+            timer.merge(lap)
             break                                                      # prompts exhausted
-        batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
-                                 pad_id=cfg.pad_id)
-        metrics = {**batch_metrics(trajs, states.policy_version), **hooks.batch_metrics(trajs)}
-        if hooks.advantages is None:
-            states, m = learner.update(states, batch)                    # critic K steps, DIS actor step
-        else:                                                          # critic-free, caller's baseline
-            states, m = learner.update(states, batch, hooks.advantages(trajs, cfg.batch_size))
+        with lap.part("batch"):
+            batch = make_train_batch(trajs, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
+                                     pad_id=cfg.pad_id)
+            metrics = {**batch_metrics(trajs, states.policy_version), **hooks.batch_metrics(trajs)}
+            given = None if hooks.advantages is None else hooks.advantages(trajs, cfg.batch_size)
+        with lap.part("update"):
+            if given is None:
+                states, m = learner.update(states, batch)                # critic K steps, DIS actor step
+            else:                                                      # critic-free, caller's baseline
+                states, m = learner.update(states, batch, given)
         metrics.update(m)
         used += len(trajs)
         version = states.policy_version
         if version != pushed and version % loop.push_every == 0:
-            source.push_weights(version, hooks.publish(states, version))  # fleet continues on new weights
+            with lap.part("publish"):                                  # fleet continues on new weights
+                source.push_weights(version, hooks.publish(states, version))
             pushed = version
-        snap = source.snapshot()
+        with lap.part("log"):
+            snap = source.snapshot()
         metrics.update({f"fleet/{k}": v for k, v in _scalars(snap).items()})
         metrics.update({f"fleet/drops/{k}": v for k, v in _scalars(snap.get("drops", {})).items()})
         if loop.eval_every and (step + 1) % loop.eval_every == 0 and step + 1 < loop.steps:
-            metrics.update(hooks.evaluate(states, step + 1))
+            with lap.part("eval"):
+                metrics.update(hooks.evaluate(states, step + 1))
         if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0:
-            hooks.checkpoint(states, step + 1)
-        hooks.write(step + 1, metrics)
-        hooks.on_step(step + 1, metrics)
+            with lap.part("checkpoint"):
+                hooks.checkpoint(states, step + 1)
+        metrics.update({f"time/{k}_s": v for k, v in lap.totals.items()})
+        metrics["time/step_s"] = sum(lap.totals.values())
+        with lap.part("log"):
+            hooks.write(step + 1, metrics)
+            hooks.on_step(step + 1, metrics)
+        timer.merge(lap)
         done = step + 1
     dropped = int(source.snapshot().get("dropped", 0))
     return states, done, {"trajectories": used, "dropped": dropped}

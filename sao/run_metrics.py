@@ -26,6 +26,7 @@ import math
 import time
 from typing import Any, Iterable, Mapping
 
+import ml_collections
 import numpy as np
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
                            TimeElapsedColumn)
@@ -36,6 +37,7 @@ from sao import storage
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
 
 
 def _to_json_value(value: Any) -> Any:
@@ -173,6 +175,23 @@ def write_json(path: str, obj: Any) -> None:
     anything else JSON cannot hold.
     """
     storage.write_text(path, json.dumps(obj, indent=2, default=_json_default))
+
+
+def config_from_dict(d: Mapping[str, Any]):
+    """The locked ``ConfigDict`` of a run's ``config.json`` (``CONFIG_FILE``: the
+    resolved experiment config, ``cfg.to_dict()``, written by ``sao.train``). JSON
+    lists come back as tuples, as experiment files write sequences."""
+    cfg = ml_collections.ConfigDict(_tuples(dict(d)))
+    cfg.lock()
+    return cfg
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 def summary_table(summary: Mapping[str, Any]):

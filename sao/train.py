@@ -6,14 +6,17 @@
 2. held-out pass@1 of the starting policy;
 3. value pretraining of the critic on samples of the starting policy (fresh runs);
 4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers;
-5. held-out pass@1 after RL; ``summary.json`` and a summary table.
+5. held-out pass@1 after RL; ``summary.json`` and a summary table, with where
+   the wall time went (``sao.timing``: ``time/...`` keys and a second table).
 
 Evaluation and value-pretraining samples run in process on a ``JaxEngine``,
 or on the rollout fleet when its engines are SGLang servers
 (``sao.evaluation.FleetSampler``, ``eval.where``): the learner never needs a
 server URL.
 
-Every phase leaves its result in the workdir; a rerun resumes in this order:
+The resolved config goes to ``config.json`` first (``sao.analysis`` rebuilds
+it from there). Every phase leaves its result in the workdir; a rerun resumes
+in this order:
 
 * ``sft/`` (published weights + ``result.json``): loaded instead of training;
 * ``eval_before.json``: read instead of evaluating again;
@@ -37,10 +40,11 @@ import random
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 from rich.console import Console
 
-from sao import ckpt, components, rl_loop, run_metrics, sft, workers
+from sao import ckpt, components, rl_loop, run_metrics, sft, timing, workers
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
@@ -61,8 +65,11 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     if not addresses:
         raise ValueError("no rollout workers: set rollout.worker_addresses or use --role=all")
     maybe_initialize_distributed()
-    t0 = time.monotonic()
+    t0, startup_s = time.perf_counter(), timing.startup_s()
+    clock, rl_clock = timing.Stopwatch(), timing.Stopwatch()   # phases; parts of the RL steps
     os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:                            # the resolved config, for analysis tools
+        run_metrics.write_json(os.path.join(workdir, run_metrics.CONFIG_FILE), cfg.to_dict())
     security = workers.fleet_security(cfg, workdir, create=True)  # bad TLS paths fail here, not after SFT
     console = Console()
 
@@ -76,7 +83,8 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         policy = components.make_policy(cfg, cfg.seed)
         # 1. SFT warm start (cached in sft/).
         if cfg.sft.steps:
-            sft_warm_start(cfg, policy, tokenizer, workdir, writer, log)
+            with clock.part("sft"):
+                sft_warm_start(cfg, policy, tokenizer, workdir, writer, log)
         learner = Learner(components.learner_config(cfg), mesh_from_config(cfg.model.mesh), policy)
         states = learner.init_states()
         publish = components.publisher(cfg, learner, policy.cfg, tokenizer,  # clears publish/
@@ -103,13 +111,16 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         # 2. Held-out evaluation of the starting policy (cached in eval_before.json).
         before = read_json(os.path.join(workdir, EVAL_BEFORE_FILE))
         if before is None:
-            before = evaluate(states, 0)
+            with clock.part("eval_before"):
+                before = evaluate(states, 0)
             writer.write(0, before)
             run_metrics.write_json(os.path.join(workdir, EVAL_BEFORE_FILE), before)
         # 3. Value pretraining on a fresh run; otherwise restore the latest checkpoint.
         checkpointer = ckpt.Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=cfg.checkpoint.keep)
         if checkpointer.latest_step() is None:
-            states = value_pretrain(cfg, learner, states, sampler, train_records, writer, log)
+            with clock.part("value_pretrain"):
+                states = value_pretrain(cfg, learner, states, sampler, train_records, writer, log,
+                                        clock=clock)
             save(checkpointer, states, 0, data_state=None)
             start_step, data_state = 0, {}
         else:
@@ -118,14 +129,16 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
             data_state = restored.data_state or {}
             log(f"resumed at step {start_step} (policy version {states.policy_version})")
         # 4. Asynchronous RL against the fleet.
-        states, steps_done, fleet = reinforce(cfg, learner, states, addresses, train_records,
-                                              tokenizer, start_step=start_step, data_state=data_state,
-                                              checkpointer=checkpointer, evaluate=evaluate,
-                                              workdir=workdir, writer=writer, security=security,
-                                              publish=publish, sampler=sampler)
-        checkpointer.close()
+        with clock.part("rl"):
+            states, steps_done, fleet = reinforce(
+                cfg, learner, states, addresses, train_records, tokenizer, start_step=start_step,
+                data_state=data_state, checkpointer=checkpointer, evaluate=evaluate,
+                workdir=workdir, writer=writer, security=security, publish=publish,
+                sampler=sampler, timer=rl_clock)
+            checkpointer.close()
         # 5. Held-out evaluation after RL.
-        after = evaluate(states, steps_done)
+        with clock.part("eval_after"):
+            after = evaluate(states, steps_done)
         writer.write(steps_done, after)
     summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
@@ -135,9 +148,14 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         summary["drift"] = drift_adaptation(cfg, workdir)
         log(f"drift: adaptation lag per switch {summary['drift']['adaptation_lag']} "
             f"(policy versions), reward per phase {summary['drift']['phase_reward']}")
-    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    wall_s = time.perf_counter() - t0
+    learner_cpu_s, workers_cpu_s = timing.cpu_s()
+    summary.update({"wall_s": round(wall_s, 1), **timing.breakdown(clock, rl_clock, wall_s=wall_s),
+                    "time/startup_s": round(startup_s, 1), "time/learner_cpu_s": round(learner_cpu_s, 1),
+                    "time/workers_cpu_s": round(workers_cpu_s, 1)})
     run_metrics.write_json(os.path.join(workdir, run_metrics.SUMMARY_FILE), summary)
     console.print(run_metrics.summary_table(summary))
+    console.print(timing.table(summary))
     return summary
 
 
@@ -176,18 +194,22 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
 
 
 def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[dict], writer,
-                   log: Callable[[str], None]):
+                   log: Callable[[str], None], *, clock: timing.Stopwatch | None = None):
     """Phase 3: fits the critic on ``train.value_pretrain_trajectories`` samples of the starting
-    policy (``Learner.value_pretrain``); returns the states (unchanged without a critic)."""
+    policy (``Learner.value_pretrain``); returns the states (unchanged without a critic).
+    ``clock`` gets the seconds of ``value_pretrain/sample`` and ``value_pretrain/fit``."""
     lc, n = learner.cfg, cfg.train.value_pretrain_trajectories
     if not lc.uses_critic or not lc.value_pretrain_steps or n < 1:
         return states
+    clock = timing.Stopwatch() if clock is None else clock
     prompts = random.Random(cfg.seed).sample(train_records, min(n, len(train_records)))
-    trajs = sampler.sample(states, prompts)
+    with clock.part("value_pretrain/sample"):
+        trajs = sampler.sample(states, prompts)
     B = lc.batch_size
-    batches = [make_train_batch(trajs[i:i + B], buckets=lc.length_buckets, batch_size=B,
-                                pad_id=lc.pad_id) for i in range(0, len(trajs), B)]
-    states, res = learner.value_pretrain(states, batches)
+    with clock.part("value_pretrain/fit"):                 # ends with the metrics on the host
+        batches = [make_train_batch(trajs[i:i + B], buckets=lc.length_buckets, batch_size=B,
+                                    pad_id=lc.pad_id) for i in range(0, len(trajs), B)]
+        states, res = learner.value_pretrain(states, batches)
     for i, ev in enumerate(res["history"]):
         writer.write(i, {"value_pretrain/explained_variance": ev}, phase="value_pretrain")
     log(f"value pretraining: {res['steps']} critic steps on {len(trajs)} trajectories, "
@@ -197,15 +219,17 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
 
 def reinforce(cfg, learner, states, addresses: list[str], train_records: list[dict], tokenizer, *,
               start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer,
-              security, publish, sampler):
+              security, publish, sampler, timer: timing.Stopwatch | None = None):
     """Phase 4: the RL loop from ``start_step`` with a dispatcher over ``addresses``.
 
     ``data_state`` is the restored checkpoint's (``{}`` on a fresh run);
     ``security`` the fleet's token / TLS (``workers.fleet_security``);
     ``publish(states, version) -> uri`` the run's ``sao.publishing.Publisher``;
-    ``sampler`` (``evaluate``'s) samples through this dispatcher meanwhile. Returns
-    ``(states, steps done, the dispatcher's final snapshot)``.
+    ``sampler`` (``evaluate``'s) samples through this dispatcher meanwhile; ``timer``
+    gets the RL loop's parts (``rl_loop.train``), the first push and the last
+    checkpoint included. Returns ``(states, steps done, the dispatcher's final snapshot)``.
     """
+    timer = timing.Stopwatch() if timer is None else timer
     baseline = components.running_mean_baseline(cfg)      # running-mean advantages, or None
     if baseline is not None and data_state.get("baseline"):
         baseline.load_state_dict(data_state["baseline"])
@@ -222,7 +246,8 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
         dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
     if groups is not None and data_state.get("groups"):
         groups.load_state_dict(data_state["groups"])
-    dispatcher.push_weights(states.policy_version, publish(states, states.policy_version))
+    with timer.part("publish"):
+        dispatcher.push_weights(states.policy_version, publish(states, states.policy_version))
 
     def checkpoint(s, step: int) -> None:
         save(checkpointer, s, step, data_state={
@@ -245,8 +270,9 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
             publish=publish, write=writer.write, evaluate=evaluate, checkpoint=checkpoint,
             on_step=bar.update, advantages=baseline, batch_metrics=batch_metrics, next_batch=groups)
         states, steps_done, _ = rl_loop.train(learner, states, dispatcher, loop=loop,
-                                              start_step=start_step, hooks=hooks)
-        checkpoint(states, steps_done)
+                                              start_step=start_step, hooks=hooks, timer=timer)
+        with timer.part("checkpoint"):
+            checkpoint(states, steps_done)
     return states, steps_done, dispatcher.snapshot()  # counts are cumulative over resumes
 
 

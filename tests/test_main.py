@@ -10,9 +10,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_main_support import run_main, tiny_run  # noqa: E402
+from test_main_support import ROOT, TINY, run_main, tiny_run  # noqa: E402
 
-from sao import main as sao_main, run_metrics  # noqa: E402
+from sao import main as sao_main, run_metrics, timing  # noqa: E402
+from sao.analysis import experiment_config, run_config  # noqa: E402
 
 
 def test_config_argv_is_forwarded_to_workers():
@@ -33,10 +34,30 @@ def test_tiny_run_end_to_end_and_resume():
     assert summary["steps"] == 2 and summary["trajectories"] == 16
     assert 0.0 <= summary["accuracy_after"] <= 1.0
     assert "SAO run summary" in proc.stdout
+    # Where the time went: every phase and RL part timed; the phases make up the wall time and
+    # the RL parts fit in the RL phase (each rounded to 0.1 s).
+    for key in [f"time/{p}_s" for p in timing.PHASES] + [f"time/rl/{p}_s" for p in timing.RL_PARTS]:
+        assert summary[key] >= 0.0 and 0.0 <= summary[key[:-2] + "_frac"] <= 1.0, key
+    assert summary["time/sft_s"] > 0 and summary["time/rl/update_s"] > 0
+    assert summary["time/rl/wait_fleet_s"] > 0
+    phases = sum(summary[f"time/{p}_s"] for p in timing.PHASES)
+    assert abs(phases - summary["wall_s"]) <= 0.05 * (len(timing.PHASES) + 1)
+    rl_parts = sum(summary[f"time/rl/{p}_s"] for p in timing.RL_PARTS)
+    assert rl_parts <= summary["time/rl_s"] + 0.05 * len(timing.RL_PARTS)
+    assert summary["time/eval_s"] >= summary["time/eval_before_s"] + summary["time/eval_after_s"] - 0.1
+    assert summary["time/startup_s"] > 0 and summary["time/learner_cpu_s"] > 0
+    assert summary["time/workers_cpu_s"] > 0                  # the two local workers, still running
+    assert "Where the" in proc.stdout and "waiting for the fleet" in proc.stdout
+    # The resolved config, for analysis tools: the quick start with the run's flags.
+    cfg = experiment_config(os.path.join(ROOT, "experiments", "quickstart.py"),
+                            [*TINY, "--config.run.steps=2"])
+    assert run_config(workdir).to_dict() == cfg.to_dict()
     recs = [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"]
     steps = [r["step"] for r in recs]
     assert steps == [0, 1, 2]                      # eval before RL, then one record per step
     assert "eval/accuracy" in recs[0] and "eval/accuracy" in recs[1]
+    for r in recs[1:]:                             # each step's parts, e.g. its learner compute
+        assert r["time/update_s"] > 0 and r["time/step_s"] >= r["time/update_s"]
     assert recs[2]["learner/policy_version"] >= 1  # warm-up 1, then an actor update
     # Workers sample with the learner's weights (pushed before the first lease; their own random
     # init differs): the first actor update sees ratios ~1, so DIS masks almost nothing.

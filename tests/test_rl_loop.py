@@ -1,10 +1,11 @@
 """RL loop pieces that need no model: batch metrics, GRPO group assembly, the loop with a fake learner."""
+import time
 import types
 
 import numpy as np
 import pytest
 
-from sao import rl_loop
+from sao import rl_loop, timing
 from sao.types import Trajectory
 
 
@@ -92,3 +93,42 @@ def test_loop_pulls_batches_from_the_hook_and_pushes_to_the_source():
     assert [s for s, _ in records] == [1, 2] and records[0][1]["env/n"] == 2.0
     assert records[0][1]["fleet/drops/stale"] == 2.0
     np.testing.assert_array_equal(learner.advantages[0], [0.5, 0.5, 0.5, 0.5])
+
+
+class SlowSource(FakeSource):
+    def get_batch(self, timeout=None):
+        time.sleep(0.02)
+        return super().get_batch(timeout)
+
+
+class SlowLearner(FakeLearner):
+    def update(self, states, batch, seq_advantages=None):
+        time.sleep(0.03)
+        return super().update(states, batch, seq_advantages)
+
+
+def test_loop_times_its_parts():
+    # Each part's time lands in its own bucket: the source's wait, the learner's update, publish, eval.
+    src = SlowSource([[traj("p1"), traj("p2")], [traj("p3"), traj("p4")]])
+    records, timer = [], timing.Stopwatch()
+
+    def publish(states, version):
+        time.sleep(0.01)
+        return f"uri{version}"
+
+    def evaluate(states, step):
+        time.sleep(0.04)
+        return {"eval/accuracy": 1.0}
+
+    hooks = rl_loop.LoopHooks(publish=publish, evaluate=evaluate,
+                              write=lambda step, m: records.append(m))
+    rl_loop.train(SlowLearner(), types.SimpleNamespace(policy_version=0), src,
+                  loop=rl_loop.LoopConfig(steps=3, eval_every=1), start_step=0, hooks=hooks, timer=timer)
+    assert set(timer.totals) <= set(timing.RL_PARTS)
+    assert timer.get("wait_fleet") >= 3 * 0.02              # two batches, then the empty third
+    assert timer.get("update") >= 2 * 0.03 and timer.get("publish") >= 2 * 0.01
+    assert timer.get("eval") >= 2 * 0.04 and timer.get("checkpoint") == 0.0
+    for m in records:
+        assert m["time/update_s"] >= 0.03 and m["time/wait_fleet_s"] >= 0.02
+        parts = sum(m[f"time/{p}_s"] for p in timing.RL_PARTS if f"time/{p}_s" in m)
+        assert m["time/step_s"] == pytest.approx(parts)

@@ -14,8 +14,9 @@ restores any kept step and gives two kinds of trajectories:
   sandbox. Sampled by an older checkpoint than the one that scores them, they
   are stale by the difference of versions, as fleet trajectories are.
 
-The run directory does not record its config: pass the same experiment file
-and overrides as the run (`experiment_config`).
+A run records its resolved config in ``config.json`` (`run_config`); for a
+run without one, pass the same experiment file and overrides as the run
+(`experiment_config`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from absl import flags
 from ml_collections import config_flags
 
-from sao import ckpt, components, train
+from sao import ckpt, components, run_metrics, train
 from sao.evaluation import Sampler
 from sao.learner import Learner, mesh_from_config
 from sao.rpc import codec
@@ -65,17 +66,34 @@ def experiment_config(spec: str, overrides: Sequence[str] = ()):
     return values.config
 
 
+def run_config(run_dir: str):
+    """The locked config a run recorded in ``<run_dir>/config.json`` (``sao.train``
+    writes it when the run starts; ``sao.run_metrics.config_from_dict``).
+
+    Raises:
+      FileNotFoundError: the run has no ``config.json`` (it predates the file:
+        use `experiment_config` with the run's flags).
+    """
+    data = train.read_json(os.path.join(run_dir, run_metrics.CONFIG_FILE))
+    if data is None:
+        raise FileNotFoundError(f"{run_dir} has no {run_metrics.CONFIG_FILE}: pass the run's "
+                                "experiment file and overrides to experiment_config")
+    return run_metrics.config_from_dict(data)
+
+
 class CheckpointedRun:
     """The checkpoints of one run, with the learner and tokenizer of its config.
 
     Args:
-      cfg: the run's experiment config (`experiment_config`).
+      cfg: the run's experiment config (`experiment_config`); None: the one the
+        run recorded (`run_config`).
       run_dir: the run's ``--workdir``.
     Attributes:
       cfg, run_dir, tokenizer, policy (the module the sampling engine runs),
       learner (a ``sao.learner.Learner`` on ``cfg.model.mesh``).
     Raises:
-      FileNotFoundError: ``run_dir`` has no ``ckpt/`` directory.
+      FileNotFoundError: ``run_dir`` has no ``ckpt/`` directory, or ``cfg`` is
+        None and it has no ``config.json``.
     """
 
     def __init__(self, cfg, run_dir: str):
@@ -83,6 +101,7 @@ class CheckpointedRun:
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"{run_dir} has no ckpt/ directory (not a run, or no "
                                     "checkpoint yet)")
+        cfg = run_config(run_dir) if cfg is None else cfg
         self.cfg, self.run_dir = cfg, run_dir
         self.tokenizer = components.make_tokenizer(cfg)
         self.policy = components.make_policy(cfg, cfg.seed)

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from sao.analysis import CheckpointedRun, experiment_config
+from sao import run_metrics
+from sao.analysis import CheckpointedRun, experiment_config, run_config
 from sao.ckpt import Restored
 from sao.rpc import codec
 from sao.types import Trajectory
@@ -55,3 +56,16 @@ def test_buffered_decodes_the_dispatcher_state():
     empty = Restored(step=0, train_state=None, rng=None, policy_version=0, data_state=None,
                      buffer=[], extra={})
     assert CheckpointedRun.buffered(empty) == []
+
+
+def test_run_config_reads_what_the_run_recorded(tmp_path):
+    cfg = experiment_config(QUICKSTART + ":1", ["--config.learner.batch_size=8"])
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        run_config(str(tmp_path))
+    (tmp_path / "ckpt").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json"):      # cfg=None: the recorded one
+        CheckpointedRun(None, str(tmp_path))
+    run_metrics.write_json(str(tmp_path / run_metrics.CONFIG_FILE), cfg.to_dict())  # as sao.train does
+    back = run_config(str(tmp_path))
+    assert back.to_dict() == cfg.to_dict() and back.is_locked
+    assert back.learner.length_buckets == (128,) and isinstance(back.env.tasks, tuple)

@@ -1,15 +1,15 @@
 """notebooks/trajectory_viewer.ipynb executes (nbclient, the venv's python3 kernel) on a tiny run:
-it restores the run's checkpoints, samples episodes, and renders the coloured token views."""
+it reads the run's config.json, restores its checkpoints, samples episodes, and renders the
+coloured token views."""
 import json
 import os
-import shlex
 import sys
 
 import pytest
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TESTS)
-from test_main_support import ROOT, TINY, tiny_run  # noqa: E402
+from test_main_support import ROOT, tiny_run  # noqa: E402
 
 
 @pytest.mark.slow
@@ -19,8 +19,8 @@ def test_trajectory_viewer_runs_on_a_tiny_run(monkeypatch):
     workdir, proc = tiny_run()
     assert proc.returncode == 0, proc.stderr[-3000:]
     monkeypatch.setenv("SAO_RUN_DIR", workdir)
-    monkeypatch.setenv("SAO_CONFIG", os.path.join(ROOT, "experiments", "quickstart.py"))
-    monkeypatch.setenv("SAO_CONFIG_ARGS", shlex.join(TINY))
+    monkeypatch.delenv("SAO_CONFIG", raising=False)            # the run's config.json, flags and all
+    monkeypatch.delenv("SAO_CONFIG_ARGS", raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # as the run
     # The kernel spec runs "python": make it this interpreter (the venv's), whatever PATH was.
@@ -32,6 +32,7 @@ def test_trajectory_viewer_runs_on_a_tiny_run(monkeypatch):
     text = "".join(o.get("text", "") for o in outputs)
     html = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     steps = json.load(open(os.path.join(workdir, "summary.json")))["steps"]  # 2, or 3 once resumed
+    assert f"config: {workdir}/config.json (quickstart)" in text
     assert f"scoring with step {steps}" in text and "sampling with step" in text
     assert "8 sampled" in text
     assert any("DIS low" in h and "max |A|" in h for h in html)              # the summary table

@@ -1,0 +1,77 @@
+"""sao.timing: the stopwatch, the summary's time/... keys and their table."""
+import time
+
+import pytest
+from rich.console import Console
+
+from sao import timing
+
+
+def test_stopwatch_adds_durations_per_part_also_when_the_block_raises():
+    w = timing.Stopwatch()
+    with w.part("a"):
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError), w.part("a"):
+        time.sleep(0.01)
+        raise RuntimeError("boom")
+    w.add("b", 1.5)
+    assert w.get("a") >= 0.02 and w.get("b") == 1.5 and w.get("missing") == 0.0
+    assert list(w.totals) == ["a", "b"]
+    with pytest.raises(ValueError):
+        w.add("b", -1.0)
+    other = timing.Stopwatch()
+    other.add("b", 0.5)
+    other.add("c", 2.0)
+    w.merge(other)
+    assert w.get("b") == 2.0 and w.get("c") == 2.0
+
+
+def hand_made():
+    phases, rl = timing.Stopwatch(), timing.Stopwatch()
+    for name, s in (("sft", 40.0), ("eval_before", 10.0), ("value_pretrain", 8.0),
+                    ("value_pretrain/sample", 6.0), ("value_pretrain/fit", 2.0), ("rl", 30.0),
+                    ("eval_after", 9.0)):
+        phases.add(name, s)
+    for name, s in (("update", 12.0), ("wait_fleet", 6.0), ("publish", 3.0), ("eval", 5.0),
+                    ("checkpoint", 1.0), ("batch", 0.5), ("log", 0.5)):
+        rl.add(name, s)
+    return phases, rl
+
+
+def test_breakdown_by_hand():
+    phases, rl = hand_made()
+    out = timing.breakdown(phases, rl, wall_s=100.0)
+    assert out["time/sft_s"] == 40.0 and out["time/sft_frac"] == 0.4
+    assert out["time/setup_s"] == 3.0                       # 100 - (40 + 10 + 8 + 30 + 9)
+    assert out["time/rl/update_s"] == 12.0 and out["time/rl/update_frac"] == 0.12
+    assert out["time/rl/other_s"] == 2.0                    # 30 - 28
+    assert out["time/eval_s"] == 24.0                       # 10 before + 5 during + 9 after
+    assert out["time/value_pretrain/sample_s"] == 6.0
+    assert sum(out[f"time/{p}_s"] for p in timing.PHASES) == pytest.approx(100.0)
+    assert sum(out[f"time/rl/{p}_s"] for p in (*timing.RL_PARTS, "other")) == pytest.approx(30.0)
+
+
+def test_breakdown_rejects_phases_longer_than_the_wall_time():
+    phases, rl = hand_made()
+    with pytest.raises(ValueError, match="exceed"):
+        timing.breakdown(phases, rl, wall_s=50.0)
+    with pytest.raises(ValueError, match="wall_s"):
+        timing.breakdown(phases, rl, wall_s=0.0)
+
+
+def test_table_lists_the_parts_with_their_share():
+    phases, rl = hand_made()
+    summary = {"wall_s": 100.0, **timing.breakdown(phases, rl, wall_s=100.0), "time/startup_s": 4.2,
+               "time/learner_cpu_s": 150.0, "time/workers_cpu_s": 80.0}
+    console = Console(width=120, record=True)
+    console.print(timing.table(summary))
+    text = console.export_text()
+    assert "Where the 100 s went" in text
+    assert "waiting for the fleet" in text and "12.0%" in text   # rl/update 12 s of 100
+    assert "CPU: rollout worker processes" in text and "80.0" in text
+
+
+def test_process_clocks():
+    assert timing.startup_s() > 0.0
+    own, children = timing.cpu_s()
+    assert own > 0.0 and children >= 0.0
