@@ -18,9 +18,10 @@ def get_config(arg=None):
     variant = common.parse_variant(arg, VARIANTS, "qwen3_30b_a3b")
     c = common.base()
     c.name = "sao_dis_only"
+    c = common.cpu(c) if variant == "cpu" else common.full_scale(c, variant)
+    # After cpu(), which sets a critic warm-up and value pretraining for SAO.
     c.critic.critic_steps = 1                # one critic step per policy step
     c.critic.critic_warmup_steps = 0         # no critic warm-up
     c.critic.critic_freeze_regex = ""        # full-parameter critic
     c.critic.value_pretrain_steps = 0        # no value pretraining
-    c = common.cpu(c) if variant == "cpu" else common.full_scale(c, variant)
     return common.finalize(c)

@@ -21,8 +21,9 @@ def get_config(arg=None):
     c.learner.policy_loss = "ppo_clip"       # PPO clip against the engine's rollout_logprobs (algorithm.md §7)
     c.learner.eps_low = 0.2                  # clip-higher lower
     c.learner.eps_high = 0.28                # clip-higher upper
+    c = common.cpu(c) if variant == "cpu" else common.full_scale(c, variant)
+    # After cpu(), which sets SAO's critic warm-up.
     c.critic.critic_steps = 1                # one critic step per policy step
     c.critic.critic_warmup_steps = 0         # value pretraining instead of a warm-up
     c.critic.critic_freeze_regex = ""        # full-parameter critic
-    c = common.cpu(c) if variant == "cpu" else common.full_scale(c, variant)
     return common.finalize(c)

@@ -1,0 +1,309 @@
+"""RESULTS.md and docs/repro_*.png from the sweep's recorded runs (``sweep report``).
+
+Every number comes from ``RUNS/<arm>/seed<S>/{summary.json, metrics.jsonl}``
+(`experiments.repro.results`) or the explained-variance study's
+``RUNS/_ev/ev_study.json`` (`experiments.repro.ev_study`); a run that has not
+finished is listed as pending / partial and left out of the means. The
+hand-written discussion is ``experiments/repro/discussion.md``, inserted as is.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from experiments.repro import ARMS, base, ev_study, results, sweep  # noqa: E402
+from experiments.repro.results import done, pct, stat  # noqa: E402
+
+DISCUSSION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "discussion.md")
+GROUPS = {a: g for a, g, _ in ARMS}
+TITLES = {a: t for a, _, t in ARMS}
+MAIN = [a for a, g, _ in ARMS if g == "main"]
+CRITIC = ["sao", "sao_k1", "sao_full_critic", "sao_dis_only", "vapo"]
+STALENESS = [("sao_tau1", 1), ("sao", base.TAU), ("sao_tau8", 8),
+             ("grpo_tau1", 1), ("grpo", base.TAU), ("grpo_tau8", 8)]
+DRIFT = ["drift_sao", "drift_running_mean"]
+WALLCLOCK = ["sao", "grpo_sync"]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _present(runs_by_arm, arms):
+    return [a for a in arms if a in runs_by_arm]
+
+
+def status_table(runs_by_arm, seeds) -> str:
+    rows = []
+    for arm, runs in runs_by_arm.items():
+        cells = []
+        for r in runs:
+            steps = max((s for s, _ in r.series("learner/step")), default=0)
+            cells.append(r.state if r.state in ("done", "pending") else f"{r.state} ({steps} steps)")
+        rows.append([f"`{arm}`", TITLES[arm], *cells])
+    return _table(["arm", "what", *[f"seed {s}" for s in seeds]], rows)
+
+
+def main_table(runs_by_arm) -> str:
+    rows = []
+    for arm in _present(runs_by_arm, MAIN + CRITIC[1:3] + ["grpo_sync"]):
+        d = done(runs_by_arm[arm])
+        before = [r.summary["accuracy_before"] for r in d]
+        after = [r.summary["accuracy_after"] for r in d]
+        best = [max(a for _, a in r.evals()) for r in d if r.evals()]
+        collapses = [(r.seed, r.collapse_step()) for r in d if r.collapse_step() is not None]
+        coll = ", ".join(f"seed {s} @ step {c}" for s, c in collapses) or ("none" if d else "—")
+        rows.append([f"`{arm}`", pct(before), pct(after),
+                     pct([a - b for a, b in zip(after, before)]), pct(best), coll])
+    return _table(["arm", "pass@1 before RL", "pass@1 final", "change", "best during RL",
+                   f"collapse (≥{int(100 * results.COLLAPSE_DROP)} points below start)"], rows)
+
+
+def critic_table(runs_by_arm) -> str:
+    rows = []
+    for arm in _present(runs_by_arm, CRITIC):
+        d = done(runs_by_arm[arm])
+        rows.append([f"`{arm}`",
+                     stat([r.mean_of("critic/explained_variance", first=10) for r in d]),
+                     stat([r.mean_of("critic/explained_variance", last=10) for r in d]),
+                     stat([r.mean_of("critic/grad_norm") for r in d]),
+                     stat([r.mean_of("critic/value_loss", last=10) for r in d]),
+                     pct([r.summary["accuracy_after"] for r in d])])
+    return _table(["arm", "EV, steps 1-10", "EV, last 10 steps", "critic grad norm (mean)",
+                   "value loss, last 10", "pass@1 final"], rows)
+
+
+def staleness_table(runs_by_arm) -> str:
+    rows = []
+    for arm, tau in STALENESS:
+        if arm not in runs_by_arm:
+            continue
+        d = done(runs_by_arm[arm])
+        lags, drops, masked = [], [], []
+        for r in d:
+            c = r.staleness_counts()
+            lags.append(float((np.arange(c.size) * c).sum() / max(c.sum(), 1)) if c.size else None)
+            n = r.summary["trajectories"] + r.summary["dropped"]
+            drops.append(r.summary["dropped"] / n if n else None)
+            m = (r.mean_of("actor/clip_fraction") if "grpo" in arm else
+                 _sum_or_none(r.mean_of("actor/frac_masked_low"), r.mean_of("actor/frac_masked_high")))
+            masked.append(m)
+        hist = sum((r.staleness_counts() for r in d if r.staleness_counts().size), np.zeros(0))
+        hist_s = _hist_text(hist) if isinstance(hist, np.ndarray) and hist.size else "—"
+        rows.append([f"`{arm}`", tau, stat(lags), hist_s, pct(drops), pct(masked),
+                     pct([r.summary["accuracy_after"] for r in d]),
+                     ", ".join(str(r.collapse_step()) for r in d if r.collapse_step()) or
+                     ("none" if d else "—")])
+    return _table(["arm", "τ", "mean lag (versions)", "lag histogram of trained tokens (share per lag 0,1,..)",
+                   "trajectories dropped", "tokens masked (DIS) / clipped (PPO)", "pass@1 final",
+                   "collapse step"], rows)
+
+
+def _sum_or_none(a, b):
+    return None if a is None or b is None else a + b
+
+
+def _hist_text(counts) -> str:
+    share = counts / max(counts.sum(), 1)
+    return " / ".join(f"{100 * s:.0f}" for s in share) + " %"
+
+
+def drift_table(runs_by_arm) -> str:
+    rows = []
+    for arm in _present(runs_by_arm, DRIFT):
+        d = [r for r in done(runs_by_arm[arm]) if "drift" in r.summary]
+        lags = [r.summary["drift"]["adaptation_lag"] for r in d]
+        n_sw = len(base.DRIFT_SWITCHES)
+        per_switch = []
+        for i in range(n_sw):
+            vals = [lag[i] for lag in lags if i < len(lag)]
+            rec = [v for v in vals if v is not None]
+            per_switch.append(f"{stat(rec)}; recovered {len(rec)}/{len(vals)}" if vals else "—")
+        phases = [r.summary["drift"]["phase_reward"] for r in d]
+        phase_s = " / ".join(stat([p[i] for p in phases if i < len(p)]) for i in range(n_sw + 1))
+        rows.append([f"`{arm}`", *per_switch, phase_s if d else "—"])
+    return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in base.DRIFT_SWITCHES],
+                   "mean reward per phase"], rows)
+
+
+def wallclock_table(runs_by_arm) -> tuple[str, float | None]:
+    d = {a: done(runs_by_arm[a]) for a in _present(runs_by_arm, WALLCLOCK)}
+    finals = [np.mean([r.summary["accuracy_after"] for r in rs]) for rs in d.values() if rs]
+    if len(finals) < 2:
+        return "Needs finished runs of both `sao` and `grpo_sync`.", None
+    target = 0.9 * min(finals)
+    rows = []
+    for arm, rs in d.items():
+        times = [results.time_to(r, target) for r in rs]
+        reached = [t for t in times if t is not None]
+        rows.append([f"`{arm}`", f"{len(reached)}/{len(rs)}", stat(reached),
+                     stat([r.summary.get("time/rl_s") for r in rs]),
+                     stat([r.summary.get("wall_s") for r in rs])])
+    return (_table(["arm", "seeds reaching target", "seconds to target (learner clock)",
+                    "RL phase seconds", "learner wall seconds"], rows), target)
+
+
+def _curve(ax, runs, key, label):
+    d = done(runs) or [r for r in runs if r.rl]
+    if not d:
+        return
+    steps = sorted({s for r in d for s, _ in r.series(key)})
+    if not steps:
+        return
+    mat = np.full((len(d), len(steps)), np.nan)
+    for i, r in enumerate(d):
+        for s, v in r.series(key):
+            mat[i, steps.index(s)] = v
+    mean = np.nanmean(mat, axis=0)
+    line, = ax.plot(steps, mean, label=f"{label} (n={len(d)})")
+    if len(d) > 1:
+        ax.fill_between(steps, np.nanmin(mat, axis=0), np.nanmax(mat, axis=0),
+                        color=line.get_color(), alpha=0.15)
+
+
+def _legend(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no recorded runs yet", ha="center", va="center",
+                transform=ax.transAxes)
+
+
+def plots(runs_by_arm, out_dir: str) -> list[str]:
+    """Writes the PNGs; returns their file names."""
+    os.makedirs(out_dir, exist_ok=True)
+    figs = {
+        "repro_main.png": ([a for a in MAIN + ["sao_k1", "sao_full_critic"]], "eval/accuracy",
+                           "held-out pass@1"),
+        "repro_critic_ev.png": (CRITIC, "critic/explained_variance", "critic explained variance"),
+        "repro_staleness.png": ([a for a, _ in STALENESS], "eval/accuracy", "held-out pass@1"),
+        "repro_drift.png": (DRIFT, "rollout/reward", "batch reward (correct x style)"),
+    }
+    written = []
+    for name, (arms, key, ylabel) in figs.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for a in _present(runs_by_arm, arms):
+            _curve(ax, runs_by_arm[a], key, a)
+        if name == "repro_drift.png":
+            for s in base.DRIFT_SWITCHES:
+                ax.axvline(s, color="grey", ls=":")
+        ax.set_xlabel("learner step")
+        ax.set_ylabel(ylabel)
+        _legend(ax)
+        ax.set_title(f"{ylabel}: mean over finished seeds, band = min..max")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=90)
+        plt.close(fig)
+        written.append(name)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for a in _present(runs_by_arm, WALLCLOCK):
+        for r in done(runs_by_arm[a]):
+            pts = r.timed_evals()
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"{a} seed {r.seed}")
+    ax.set_xlabel("seconds since the learner started")
+    ax.set_ylabel("held-out pass@1")
+    _legend(ax)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "repro_wallclock.png"), dpi=90)
+    plt.close(fig)
+    return written + ["repro_wallclock.png"]
+
+
+def compute_used(runs: str, runs_by_arm) -> str:
+    walls = [r.summary["wall_s"] for rs in runs_by_arm.values() for r in rs if r.summary]
+    attempts = 0.0
+    for rs in runs_by_arm.values():
+        for r in rs:
+            path = os.path.join(sweep.run_dir(runs, r.arm, r.seed), sweep.ATTEMPTS_FILE)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    attempts += sum(a["seconds"] for a in json.load(f).get("runs", []))
+    sft = []
+    for seed_dir in sorted(os.listdir(os.path.join(runs, "_sft"))) if os.path.isdir(
+            os.path.join(runs, "_sft")) else []:
+        p = os.path.join(runs, "_sft", seed_dir, "sft", "result.json")
+        if os.path.exists(p):
+            with open(p, encoding="utf-8") as f:
+                sft.append(json.load(f)["sft/seconds"])
+    return (f"{len(walls)} finished runs, learner wall time {sum(walls) / 3600:.2f} h in total "
+            f"(run processes incl. worker start and failed attempts: {attempts / 3600:.2f} h); "
+            f"{len(sft)} SFT warm starts, {sum(sft) / 3600:.2f} h. Machine: {os.cpu_count()} CPU "
+            f"cores ({platform.machine()}), no accelerator, shared with other jobs; the sweep runs "
+            "at `nice -n 19`, so wall times are upper bounds and vary with the load.")
+
+
+def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
+    """Writes ``out`` (markdown) and the PNGs under ``plots_dir`` from the runs in ``runs``."""
+    runs_by_arm = results.load_all(runs, arms, seeds)
+    written = plots(runs_by_arm, plots_dir)
+    rel = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out)))
+    swept = {}
+    if os.path.exists(os.path.join(runs, sweep.SWEEP_FILE)):
+        with open(os.path.join(runs, sweep.SWEEP_FILE), encoding="utf-8") as f:
+            swept = json.load(f)
+    wc_table, target = wallclock_table(runs_by_arm)
+    ev = ev_study.load(runs)
+    discussion = open(DISCUSSION, encoding="utf-8").read() if os.path.exists(DISCUSSION) else ""
+    n_done = sum(r.state == "done" for rs in runs_by_arm.values() for r in rs)
+    parts = [
+        "# Results: the paper's claims at small scale\n",
+        f"Generated by `python -m experiments.repro.sweep report --runs {runs}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {n_done} finished runs of "
+        f"{len(arms) * len(seeds)} ({len(arms)} arms × seeds {', '.join(map(str, seeds))}). "
+        "Do not edit by hand: the discussion lives in `experiments/repro/discussion.md`, "
+        "everything else is recomputed from the runs. Means ± sample std over the finished "
+        "seeds (n given); runs that have not finished are not in any mean.\n",
+        "## Setup\n",
+        f"Every arm: `experiments/repro/<arm>.py` (an `experiments/` file's `cpu` variant through "
+        f"`experiments/repro/base.py`): the `tiny` byte-level policy (0.43M parameters) "
+        f"warm-started by SFT once per seed and shared by all arms of that seed; reasoning-gym "
+        f"`basic_arithmetic`, 2-3 terms of 1-2 digits, up to 2 Python-tool calls in 3 turns; "
+        f"{base.STEPS} learner steps × {base.BATCH} trajectories for every arm (GRPO: "
+        f"{base.BATCH // 8} prompts × 8); 4 rollout worker processes, 64 episodes in flight "
+        f"each; staleness bound τ = {base.TAU} unless the arm varies it; held-out pass@1 = one "
+        "sample per prompt at temperature 1 on 200 held-out prompts, every 10 steps. "
+        f"Overrides of this runs directory: `{swept.get('overrides', [])}`.\n",
+        "```bash\n"
+        "nohup nice -n 19 .venv/bin/python -m experiments.repro.sweep run --runs RUNS > RUNS/sweep.log 2>&1 &\n"
+        ".venv/bin/python -m experiments.repro.sweep status --runs RUNS\n"
+        ".venv/bin/python -m experiments.repro.sweep report --runs RUNS   # this file + docs/repro_*.png\n"
+        "```\n",
+        f"Compute: {compute_used(runs, runs_by_arm)}\n",
+        "## Which runs exist\n", status_table(runs_by_arm, seeds) + "\n",
+        "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",
+        f"![held-out pass@1]({rel}/repro_main.png)\n",
+        "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
+        "Explained variance is the learner's `critic/explained_variance`: measured on each new "
+        "batch *before* the critic's K steps on it (see the explained-variance study below).\n",
+        critic_table(runs_by_arm) + "\n", f"![critic EV]({rel}/repro_critic_ev.png)\n",
+        "## Rising staleness: GRPO without DIS vs SAO\n",
+        "GRPO's PPO clip takes its ratio against the engine's log-probs (docs/algorithm.md §7), "
+        "so it sees the lag; DIS masks tokens two-sided.\n",
+        staleness_table(runs_by_arm) + "\n", f"![staleness]({rel}/repro_staleness.png)\n",
+        "## Simulated online learning (drifting reward)\n",
+        f"The rewarded answer style switches at steps {base.DRIFT_SWITCHES}; adaptation lag = "
+        "policy versions until the batch reward is back at 90% of its level before the switch "
+        "(`sao.envs.drift.drift_summary`; not recovered = none).\n",
+        drift_table(runs_by_arm) + "\n", f"![drift]({rel}/repro_drift.png)\n",
+        "## Time to a target accuracy: SAO asynchronous vs GRPO synchronous\n",
+        (f"Target: held-out pass@1 ≥ {100 * target:.1f}% (90% of the lower of the two arms' "
+         "mean final pass@1). Same fleet (4 workers); GRPO synchronous is τ = 0: a barrier "
+         "before every batch.\n" if target is not None else ""),
+        wc_table + "\n", f"![wall clock]({rel}/repro_wallclock.png)\n",
+        "## The quick start's falling explained variance\n", ev_study.markdown(ev) + "\n",
+        "## Discussion\n", discussion,
+    ]
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts).rstrip() + "\n")
+    del written

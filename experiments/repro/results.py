@@ -1,0 +1,138 @@
+"""Reading the sweep's recorded runs: per run, per arm over seeds (no plotting, no markdown).
+
+A run is ``RUNS/<arm>/seed<S>`` (``experiments.repro.sweep``); what is read:
+``summary.json`` (written at the end of a finished run), ``metrics.jsonl``
+(one record per RL step, held-out evaluations merged into their step's
+record, ``sao.run_metrics.read_metrics``). Nothing is filled in for a run
+that has not recorded it: missing values are None and the tables say so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+
+from experiments.repro import sweep
+
+# A run has collapsed at the first held-out evaluation this far below its
+# pass@1 before RL (absolute), and never comes back above the start.
+COLLAPSE_DROP = 0.2
+
+
+@dataclasses.dataclass
+class Run:
+    """One arm x seed as recorded. ``rl``: RL-phase records by step, ``state``: sweep state."""
+
+    arm: str
+    seed: int
+    state: str
+    summary: dict | None
+    rl: list[dict]
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of a scalar metric over the RL records that have it (finite only)."""
+        out = []
+        for r in self.rl:
+            v = r.get(key)
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                out.append((int(r["step"]), float(v)))
+        return out
+
+    def evals(self) -> list[tuple[int, float]]:
+        """Held-out pass@1 by learner step (step 0 = before RL)."""
+        return self.series("eval/accuracy")
+
+    def timed_evals(self) -> list[tuple[float, float]]:
+        """``(seconds since the learner process started, pass@1)``; empty for a resumed run
+        (its clock restarted)."""
+        times = [r["time_s"] for r in self.rl if "time_s" in r]
+        if any(b < a for a, b in zip(times, times[1:])):
+            return []
+        return [(float(r["time_s"]), float(r["eval/accuracy"])) for r in self.rl
+                if "eval/accuracy" in r and "time_s" in r]
+
+    def mean_of(self, key: str, first: int | None = None, last: int | None = None) -> float | None:
+        vals = [v for s, v in self.series(key) if s > 0]   # step 0 holds the evaluation only
+        if first is not None:
+            vals = vals[:first]
+        if last is not None:
+            vals = vals[-last:]
+        return float(np.mean(vals)) if vals else None
+
+    def staleness_counts(self) -> np.ndarray:
+        """Action tokens per lag (versions), summed over RL steps."""
+        total = np.zeros(0, np.int64)
+        for r in self.rl:
+            c = r.get("batch/staleness_counts")
+            if c:
+                c = np.asarray(c, np.int64)
+                if c.size > total.size:
+                    total = np.pad(total, (0, c.size - total.size))
+                total[:c.size] += c
+        return total
+
+    def collapse_step(self) -> int | None:
+        """First evaluation step where pass@1 fell ``COLLAPSE_DROP`` below the start and stayed
+        below the start to the end; None if it never did."""
+        ev = self.evals()
+        if not ev or ev[0][0] != 0:
+            return None
+        start = ev[0][1]
+        for i, (step, acc) in enumerate(ev[1:], 1):
+            if acc < start - COLLAPSE_DROP and all(a < start for _, a in ev[i:]):
+                return step
+        return None
+
+
+def load_run(runs: str, arm: str, seed: int) -> Run:
+    """The run's recorded files (missing ones read as nothing)."""
+    d = sweep.run_dir(runs, arm, seed)
+    summary = None
+    if os.path.exists(os.path.join(d, sweep.SUMMARY_FILE)):
+        with open(os.path.join(d, sweep.SUMMARY_FILE), encoding="utf-8") as f:
+            summary = json.load(f)
+    rl = []
+    if os.path.exists(os.path.join(d, "metrics.jsonl")):
+        from sao.run_metrics import read_metrics
+        rl = [r for r in read_metrics(d) if r.get("phase", "rl") == "rl"]
+    return Run(arm, seed, sweep.run_state(runs, arm, seed), summary, rl)
+
+
+def load_all(runs: str, arms, seeds) -> dict[str, list[Run]]:
+    """``{arm: [Run per seed]}``."""
+    return {a: [load_run(runs, a, s) for s in seeds] for a in arms}
+
+
+def done(runs_of_arm: list[Run]) -> list[Run]:
+    return [r for r in runs_of_arm if r.state == "done"]
+
+
+def stat(values) -> str:
+    """``mean ± std (n)`` of the non-None values ('—' for none; std over seeds, ddof 1)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return "—"
+    if len(vals) == 1:
+        return f"{vals[0]:.3f} (n=1)"
+    return f"{np.mean(vals):.3f} ± {np.std(vals, ddof=1):.3f} (n={len(vals)})"
+
+
+def pct(values) -> str:
+    """``stat`` in percent points."""
+    vals = [100 * float(v) for v in values if v is not None]
+    if not vals:
+        return "—"
+    if len(vals) == 1:
+        return f"{vals[0]:.1f}% (n=1)"
+    return f"{np.mean(vals):.1f} ± {np.std(vals, ddof=1):.1f}% (n={len(vals)})"
+
+
+def time_to(run: Run, target: float) -> float | None:
+    """Seconds (learner clock) to the first evaluation at or above ``target`` (None: never)."""
+    for t, acc in run.timed_evals():
+        if acc >= target:
+            return t
+    return None

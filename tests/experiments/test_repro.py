@@ -1,0 +1,133 @@
+"""The reproduction sweep (experiments/repro): arm configs, the driver's bookkeeping, the
+report on missing runs, and (slow) a tiny sweep end to end: runs, skips on rerun, report."""
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+
+
+def _cfg(arm, seed=0, overrides=()):
+    return sweep.arm_config(arm, seed, list(overrides))
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return {a: _cfg(a, 1) for a in ARM_NAMES}
+
+
+def test_every_arm_file_is_listed():
+    files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
+             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study"}
+    assert files == set(ARM_NAMES)
+
+
+def test_arms_share_budget_seed_and_warm_start(configs):
+    sft = None
+    for arm, c in configs.items():
+        assert c.name == arm and c.seed == 1 and c.data.shuffle_seed == 1
+        assert (c.run.steps, c.learner.batch_size) == (base.STEPS, base.BATCH)
+        assert c.learner.batch_size % c.rollout.group_size == 0
+        key = json.dumps({"model": c.model.to_dict(), "sft": c.sft.to_dict(),
+                          "task": c.env.task_config.basic_arithmetic.to_dict()}, default=str)
+        assert sft in (None, key), arm
+        sft = key
+    sweep.check_shared_sft(list(ARM_NAMES), 1, [])
+
+
+def test_arms_differ_where_their_files_say(configs):
+    c = configs
+    assert {a: c[a].rollout.tau for a in ("sao", "sao_tau1", "sao_tau8", "grpo", "grpo_tau1",
+                                          "grpo_tau8", "grpo_sync")} == {
+        "sao": 4, "sao_tau1": 1, "sao_tau8": 8, "grpo": 4, "grpo_tau1": 1, "grpo_tau8": 8,
+        "grpo_sync": 0}
+    assert (c["sao"].critic.critic_steps, c["sao_k1"].critic.critic_steps) == (2, 1)
+    assert c["sao"].critic.critic_freeze_regex and not c["sao_full_critic"].critic.critic_freeze_regex
+    # The ablations keep their critic design at CPU scale (common.cpu sets SAO's warm-up and
+    # value pretraining; these arms have none / no warm-up).
+    assert (c["sao_dis_only"].critic.critic_warmup_steps,
+            c["sao_dis_only"].critic.value_pretrain_steps) == (0, 0)
+    assert c["vapo"].critic.critic_warmup_steps == 0 and c["vapo"].critic.value_pretrain_steps > 0
+    assert c["sao"].critic.critic_warmup_steps > 0 and c["sao"].critic.value_pretrain_steps > 0
+    for a in ("grpo", "vapo", "grpo_tau1", "grpo_sync"):
+        assert c[a].learner.policy_loss == "ppo_clip"
+    for a in ("sao", "grpo_dis", "running_mean", "sao_dis_only"):
+        assert c[a].learner.policy_loss == "sao_dis"
+    assert c["grpo_dis"].learner.advantage_estimator == "grpo"
+    assert c["drift_sao"].env.drift_schedule == base.DRIFT_SWITCHES
+    assert c["drift_running_mean"].learner.advantage_estimator == "running_mean"
+
+
+def test_bad_seed_and_mixed_overrides_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="integer seed"):
+        base.parse_seed("x")
+    with pytest.raises(ValueError, match=">= 0"):
+        base.parse_seed("-1")
+    sweep.check_sweep_file(str(tmp_path), ["run.steps=2"])
+    sweep.check_sweep_file(str(tmp_path), ["run.steps=2"])
+    with pytest.raises(ValueError, match="another --runs"):
+        sweep.check_sweep_file(str(tmp_path), [])
+    with pytest.raises(SystemExit):
+        sweep.main(["status", "--runs", str(tmp_path), "--arms", "nope"])
+
+
+def test_report_on_no_runs_invents_nothing(tmp_path):
+    out, plots = tmp_path / "RESULTS.md", tmp_path / "plots"
+    report.write_report(str(tmp_path / "runs"), str(out), str(plots), arms=list(ARM_NAMES),
+                        seeds=[0, 1, 2])
+    text = out.read_text()
+    assert text.count("| pending | pending | pending |") == len(ARM_NAMES)
+    assert "%" not in text.split("## Held-out pass@1")[1].split("## Value model")[0]
+    assert "Not measured yet" in text
+    assert sorted(os.listdir(plots)) == sorted(f"repro_{n}.png" for n in (
+        "main", "critic_ev", "staleness", "drift", "wallclock"))
+
+
+def test_collapse_and_time_to_target():
+    rl = [{"step": 0, "time_s": 1.0, "eval/accuracy": 0.5},
+          {"step": 10, "time_s": 20.0, "eval/accuracy": 0.6},
+          {"step": 20, "time_s": 40.0, "eval/accuracy": 0.25},
+          {"step": 30, "time_s": 60.0, "eval/accuracy": 0.3}]
+    run = results.Run("sao", 0, "done", {}, rl)
+    assert run.collapse_step() == 20
+    assert results.time_to(run, 0.55) == 20.0 and results.time_to(run, 0.9) is None
+    rl[2]["eval/accuracy"] = 0.55                      # back above the start: no collapse
+    assert run.collapse_step() is None
+    rl[3]["time_s"] = 5.0                              # a resumed run's clock restarts
+    assert run.timed_evals() == []
+
+
+SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64",
+         "eval.num_prompts=4", "eval.every=0", "critic.value_pretrain_steps=1",
+         "train.value_pretrain_trajectories=8", "rollout.num_workers=1",
+         "rollout.max_concurrency=8", "rollout.engine_slots=8", "rollout.max_new_tokens=16",
+         "env.task_size=200", "checkpoint.every=1"]
+
+
+@pytest.mark.slow
+def test_smoke_sweep_runs_skips_and_reports(tmp_path):
+    runs = str(tmp_path / "runs")
+    arms = ["sao", "grpo"]
+    states = sweep.run(runs, arms, [0], SMOKE)
+    assert states == {("sao", 0): "done", ("grpo", 0): "done"}, open(
+        os.path.join(sweep.run_dir(runs, "grpo", 0), "driver.log")).read()[-3000:]
+    for arm in arms:
+        d = sweep.run_dir(runs, arm, 0)
+        assert json.load(open(os.path.join(d, "summary.json")))["steps"] == 2
+        assert os.path.exists(os.path.join(d, "sft", "result.json"))   # the seed's shared SFT
+    attempts = {a: json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json")))
+                for a in arms}
+    assert sweep.run(runs, arms, [0], SMOKE) == states               # rerun: nothing to do
+    for a in arms:
+        assert json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json"))) == attempts[a]
+    out = tmp_path / "RESULTS.md"
+    assert sweep.main(["report", "--runs", runs, "--arms", "sao,grpo", "--seeds", "0",
+                       "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    text = out.read_text()
+    assert "| `sao` | SAO | done |" in text and "(n=1)" in text
+    assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
