@@ -14,9 +14,11 @@ says:
   (harder than the quick start's 2 terms: no arm reaches the ceiling in the
   budget), up to 2 tool calls in 3 policy turns, so episodes are multi-turn
   with long-tailed lengths (a direct answer, one call, two calls);
-* **fleet**: 4 local rollout workers with 64 episodes in flight each, more
-  than the ``(tau + 1) x batch`` in-flight budget of tau <= 6, so the
-  staleness bound (not the fleet) sets how stale trained tokens are;
+* **fleet**: ``WORKERS`` local rollout workers with ``SLOTS`` episodes in
+  flight each (192), more than the ``(tau + 1) x batch`` in-flight budget of
+  tau <= 4 (160), so the staleness bound, not the fleet, sets how stale
+  trained tokens are up to tau = 4; at tau = 8 (budget 288) the fleet's 192
+  bound it;
 * **budget**: ``STEPS`` learner steps of ``BATCH`` trajectories for every arm
   (GRPO: ``BATCH / 8`` prompts x 8 rollouts), held-out pass@1 on 200 prompts
   every 10 steps.
@@ -33,6 +35,8 @@ STEPS = 40                 # learner steps per run (all arms)
 BATCH = 32                 # trajectories per learner step (all arms)
 SEEDS = (0, 1, 2)          # seeds of the sweep (each: its own SFT policy, init, sampling, prompt order)
 TAU = 4                    # staleness bound of the arms that do not vary it
+WORKERS = 2                # rollout worker processes (JAX engine each)
+SLOTS = 96                 # episodes in flight per worker (engine decode slots)
 DRIFT_SWITCHES = (13, 26)  # online-drift arms: learner steps where the rewarded style switches
 
 # What SFT depends on: every arm of one seed must agree on these groups (sweep checks).
@@ -82,9 +86,9 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
         c.critic.value_pretrain_ev = 0.5
         c.train.value_pretrain_trajectories = 128
     # rollout: a fleet with more in flight than the staleness budget
-    c.rollout.num_workers = 4
-    c.rollout.max_concurrency = 64
-    c.rollout.engine_slots = 64
+    c.rollout.num_workers = WORKERS
+    c.rollout.max_concurrency = SLOTS
+    c.rollout.engine_slots = SLOTS
     c.rollout.max_len = 256
     c.rollout.max_new_tokens = 48
     c.rollout.max_turns = 3

@@ -98,8 +98,8 @@ def staleness_table(runs_by_arm) -> str:
             m = (r.mean_of("actor/clip_fraction") if "grpo" in arm else
                  _sum_or_none(r.mean_of("actor/frac_masked_low"), r.mean_of("actor/frac_masked_high")))
             masked.append(m)
-        hist = sum((r.staleness_counts() for r in d if r.staleness_counts().size), np.zeros(0))
-        hist_s = _hist_text(hist) if isinstance(hist, np.ndarray) and hist.size else "—"
+        hist = _add_counts([r.staleness_counts() for r in d])
+        hist_s = _hist_text(hist) if hist.size else "—"
         rows.append([f"`{arm}`", tau, stat(lags), hist_s, pct(drops), pct(masked),
                      pct([r.summary["accuracy_after"] for r in d]),
                      ", ".join(str(r.collapse_step()) for r in d if r.collapse_step()) or
@@ -107,6 +107,14 @@ def staleness_table(runs_by_arm) -> str:
     return _table(["arm", "τ", "mean lag (versions)", "lag histogram of trained tokens (share per lag 0,1,..)",
                    "trajectories dropped", "tokens masked (DIS) / clipped (PPO)", "pass@1 final",
                    "collapse step"], rows)
+
+
+def _add_counts(arrays) -> np.ndarray:
+    """Element-wise sum of count arrays of different lengths."""
+    total = np.zeros(max((a.size for a in arrays), default=0), np.int64)
+    for a in arrays:
+        total[:a.size] += a
+    return total
 
 
 def _sum_or_none(a, b):
@@ -270,8 +278,8 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         f"warm-started by SFT once per seed and shared by all arms of that seed; reasoning-gym "
         f"`basic_arithmetic`, 2-3 terms of 1-2 digits, up to 2 Python-tool calls in 3 turns; "
         f"{base.STEPS} learner steps × {base.BATCH} trajectories for every arm (GRPO: "
-        f"{base.BATCH // 8} prompts × 8); 4 rollout worker processes, 64 episodes in flight "
-        f"each; staleness bound τ = {base.TAU} unless the arm varies it; held-out pass@1 = one "
+        f"{base.BATCH // 8} prompts × 8); {base.WORKERS} rollout worker processes, {base.SLOTS} "
+        f"episodes in flight each; staleness bound τ = {base.TAU} unless the arm varies it; held-out pass@1 = one "
         "sample per prompt at temperature 1 on 200 held-out prompts, every 10 steps. "
         f"Overrides of this runs directory: `{swept.get('overrides', [])}`.\n",
         "```bash\n"
@@ -298,7 +306,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         drift_table(runs_by_arm) + "\n", f"![drift]({rel}/repro_drift.png)\n",
         "## Time to a target accuracy: SAO asynchronous vs GRPO synchronous\n",
         (f"Target: held-out pass@1 ≥ {100 * target:.1f}% (90% of the lower of the two arms' "
-         "mean final pass@1). Same fleet (4 workers); GRPO synchronous is τ = 0: a barrier "
+         "mean final pass@1). Same fleet; GRPO synchronous is τ = 0: a barrier "
          "before every batch.\n" if target is not None else ""),
         wc_table + "\n", f"![wall clock]({rel}/repro_wallclock.png)\n",
         "## The quick start's falling explained variance\n", ev_study.markdown(ev) + "\n",

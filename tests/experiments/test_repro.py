@@ -110,12 +110,16 @@ SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64
 
 
 @pytest.mark.slow
-def test_smoke_sweep_runs_skips_and_reports(tmp_path):
+def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
+    # The runs are child processes on one CPU device, as outside the tests.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     runs = str(tmp_path / "runs")
     arms = ["sao", "grpo"]
     states = sweep.run(runs, arms, [0], SMOKE)
-    assert states == {("sao", 0): "done", ("grpo", 0): "done"}, open(
-        os.path.join(sweep.run_dir(runs, "grpo", 0), "driver.log")).read()[-3000:]
+    logs = [os.path.join(sweep.sft_dir(runs, 0), "driver.log")] + [
+        os.path.join(sweep.run_dir(runs, a, 0), "driver.log") for a in arms]
+    assert states == {("sao", 0): "done", ("grpo", 0): "done"}, "\n".join(
+        open(p).read()[-2000:] for p in logs if os.path.exists(p))
     for arm in arms:
         d = sweep.run_dir(runs, arm, 0)
         assert json.load(open(os.path.join(d, "summary.json")))["steps"] == 2
