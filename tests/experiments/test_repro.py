@@ -135,3 +135,23 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     text = out.read_text()
     assert "| `sao` | SAO | done |" in text and "(n=1)" in text
     assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
+
+
+def test_ev_study_metric_matches_the_kernel_and_renders():
+    import numpy as np
+    from sao import algo
+    from experiments.repro import ev_study
+    rng = np.random.default_rng(0)
+    v, r = rng.normal(size=(4, 9)).astype(np.float32), rng.normal(size=(4, 9)).astype(np.float32)
+    m = rng.random((4, 9)) < 0.6
+    assert ev_study.explained_variance(v, r, m) == pytest.approx(
+        float(algo.explained_variance(v, r, m)), abs=1e-5)
+    assert ev_study.explained_variance(v, np.ones_like(r), m) == 0.0   # constant returns
+    one = {"n": 64, "reward": 0.5, "tool_use": 0.5, "success_tool": 0.9, "success_no_tool": None,
+           "ev_pooled": 0.3, "ev_batches": {"mean": 0.3, "std": 0.1, "min": 0.2, "max": 0.4},
+           "ev_tool_oracle": 0.7, "refit": {"ev_in_sample": 0.6, "ev_held_out": 0.5}}
+    text = ev_study.markdown({"run_dir": "r", "n": 64, "logged_ev": [[1, 0.5], [12, 0.1]],
+                              "value_pretrain": {"steps": 2, "history": [0.0, 0.6]},
+                              "checkpoints": {"10": one, "0": one}})
+    assert "| 0 | 0.50 | 0.50 | 0.90 / — | 0.30 |" in text
+    assert text.index("| 0 |") < text.index("| 10 |") and "steps 1-10 mean 0.50" in text
