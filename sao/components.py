@@ -15,7 +15,7 @@ from sao.envs import EpisodeConfig, env_factory, make_task
 from sao.envs.sandbox import SandboxLimits
 from sao.learner.baselines import RunningMeanBaseline
 from sao.learner.config import LearnerConfig
-from sao.models import Transformer, from_pretrained, get_preset
+from sao.models import Transformer, create_sharded, from_pretrained, get_preset
 from sao.models.tokenizer import ByteTokenizer
 from sao.publishing import Publisher
 from sao.models.tokenizer_loading import load_tokenizer
@@ -64,11 +64,21 @@ def make_tokenizer(cfg):
     return load_tokenizer(cfg.model.init)
 
 
-def make_policy(cfg, seed: int = 0):
-    """The policy ``Transformer`` (preset, random init) or the HF / GGUF model at ``model.init``."""
+def make_policy(cfg, seed: int = 0, mesh=None):
+    """The policy ``Transformer`` (preset, random init) or the HF / GGUF model at ``model.init``.
+
+    With a ``mesh`` of more than one device, parameters are created straight on
+    it with their rules' shardings (``from_pretrained(..., mesh=)``,
+    ``create_sharded``): no device holds a whole model, and in a multi-process
+    job each process creates only its own shards.
+    """
+    sharded = mesh is not None and mesh.size > 1
     if cfg.model.init:
-        return from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype)[1]
+        return from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype,
+                               mesh=mesh if sharded else None)[1]
     mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype)
+    if sharded:
+        return create_sharded(lambda: Transformer(mcfg, rngs=nnx.Rngs(seed)), mesh)
     return Transformer(mcfg, rngs=nnx.Rngs(seed))
 
 

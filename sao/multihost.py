@@ -13,10 +13,14 @@ the same point of the program:
   process, so every process builds the same host `TrainBatch` and places its
   own rows (``sao.learner.mesh.put_batch``). A failure on the lead (a fleet
   timeout) is sent too, and raised everywhere.
-* `broadcast_bytes`, `broadcast_trajectories`: the same for any payload.
+* `broadcast_bytes`, `broadcast_trajectories`, `broadcast_json`: the same for
+  any payload (e.g. the lead's decision to evaluate or not).
 * `gather_to_host`: a sharded pytree as full numpy arrays on every process
   (the lead's in-process evaluation engine samples with them).
-* `sync`: a named barrier.
+* `sync`: a barrier on the coordinator's key-value store, which waits as
+  long as it must (the lead may wait minutes for the fleet or sample an
+  evaluation alone); every exchange after the lead worked alone starts with
+  one, so the collectives that follow find all processes there.
 
 With one process every function is a local no-op.
 """
@@ -29,12 +33,15 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from orbax.checkpoint import multihost as orbax_multihost
 
 from sao.rpc import codec
 from sao.types import Trajectory
 
 _LEN = struct.Struct("<Q")
 _MIN_BUCKET = 1 << 12            # payloads are padded to powers of two: few compiled shapes
+SYNC_TIMEOUT_S = 7 * 24 * 3600   # a barrier outwaits any fleet wait (a dead process ends the job)
+_barriers = [0]                  # barrier names must be unique: every process counts alike
 
 
 class LeadError(RuntimeError):
@@ -50,10 +57,14 @@ def is_lead() -> bool:
     return jax.process_index() == 0
 
 
-def sync(name: str) -> None:
-    """Barrier of all processes (no-op with one); ``name`` must match across them."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+def sync(name: str, timeout_s: float = SYNC_TIMEOUT_S) -> None:
+    """Barrier of all processes on the coordinator's key-value store (no-op with
+    one); every process calls it at the same point with the same ``name``."""
+    if jax.process_count() == 1:
+        return
+    _barriers[0] += 1
+    orbax_multihost.sync_global_processes(f"sao-{name}-{_barriers[0]}", timeout=int(timeout_s),
+                                          processes=set(range(jax.process_count())))
 
 
 def _bucket(n: int) -> int:
@@ -74,6 +85,7 @@ def broadcast_bytes(data: bytes | None) -> bytes:
     lead = is_lead()
     if lead and data is None:
         raise ValueError("the lead must pass the bytes to broadcast")
+    sync("broadcast")
     n = np.array([len(data) if lead else 0], np.int64)
     n = int(multihost_utils.broadcast_one_to_all(n)[0])
     words = _bucket(n) // 4
@@ -120,6 +132,14 @@ def broadcast_trajectories(trajs: Sequence[Trajectory] | None, error: str = "") 
     return out
 
 
+def broadcast_json(obj):
+    """The lead's JSON-able ``obj`` on every process (collective; others pass anything)."""
+    if jax.process_count() == 1:
+        return obj
+    data = json.dumps(obj).encode() if is_lead() else None
+    return json.loads(broadcast_bytes(data))
+
+
 class BatchBroadcast:
     """The lead's ``next_batch(timeout)`` (a dispatcher's ``get_batch`` or a
     ``GroupBatcher``) whose every batch, empty end-of-prompts included, is also
@@ -163,4 +183,5 @@ def gather_to_host(tree):
     array on every process (collective)."""
     if jax.process_count() == 1:
         return jax.tree.map(np.asarray, jax.device_get(tree))
+    sync("gather")
     return multihost_utils.process_allgather(tree, tiled=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sao import ckpt, storage
+from sao import ckpt, multihost, storage
 from sao.models import save_pretrained
 
 
@@ -36,7 +36,9 @@ class Publisher:
                  tokenizer=None, keep: int = 3):
         self.directory, self.param_state = directory, param_state
         self.model_cfg, self.tokenizer, self.keep = model_cfg, tokenizer, keep
-        storage.rmtree(directory)
+        if multihost.is_lead():                    # several learner processes: one clears, all wait
+            storage.rmtree(directory)
+        multihost.sync("sao-publisher-cleared")
 
     @property
     def hf_export(self) -> bool:
@@ -54,6 +56,10 @@ class Publisher:
         params = self.param_state(states)
         export = None
         if self.hf_export:
+            # Process 0 writes the export; with several processes it needs the whole
+            # arrays, gathered by all (collective).
+            host = multihost.gather_to_host(params) if multihost.process_count() > 1 else params
+
             def export(path: str) -> None:
-                save_pretrained(params, self.model_cfg, path, self.tokenizer)
+                save_pretrained(host, self.model_cfg, path, self.tokenizer)
         return ckpt.publish(self.directory, int(version), params, hf_export=export, keep=self.keep)

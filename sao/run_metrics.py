@@ -120,6 +120,23 @@ class MetricsWriter:
         self.close()
 
 
+class NullWriter:
+    """`MetricsWriter`'s interface that keeps nothing: processes 1.. of a
+    multi-host learner (process 0 writes the run's records)."""
+
+    def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> dict:
+        return {"step": int(step), "phase": phase, **metrics}
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
 def read_metrics(workdir: str) -> list[dict]:
     """Reads ``metrics.jsonl`` of a run: one dict per (phase, step), records merged, later keys win.
 

@@ -14,6 +14,15 @@ or on the rollout fleet when its engines are SGLang servers
 (``sao.evaluation.FleetSampler``, ``eval.where``): the learner never needs a
 server URL.
 
+Every process of a multi-host learner (docs/multihost.md) runs this
+function: all of them build the mesh, the states and every jitted step,
+save and restore checkpoints and publish collectively; process 0 (the lead)
+alone talks to the fleet, samples evaluations (``sao.lead_sampling``), writes
+metrics, the summary and the JSON files, and sends each batch it takes to
+the others (``sao.multihost``). ``run.record_batches`` keeps the batches the
+learner trained on in ``replay.bin``; ``run.replay`` trains on such a file
+instead of a fleet (``sao.fleet.replay``).
+
 The resolved config goes to ``config.json`` first (``sao.analysis`` rebuilds
 it from there). Every phase leaves its result in the workdir; a rerun resumes
 in this order:
@@ -34,8 +43,8 @@ in this order:
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import random
 import time
 from typing import Callable
@@ -44,57 +53,77 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from sao import ckpt, components, rl_loop, run_metrics, sft, timing, workers
+from sao import (ckpt, components, multihost, rl_loop, run_metrics, sft, storage, timing,
+                 workers)
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
 from sao.fleet.dispatcher import Dispatcher
+from sao.fleet.replay import ReplaySource, ReplayWriter
 from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
+from sao.lead_sampling import LeadSampling
 
 EVAL_BEFORE_FILE = "eval_before.json"
+REPLAY_FILE = "replay.bin"
 
 
 def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     """All learner phases (module doc) against the workers at ``addresses``; returns the summary.
 
-    Raises ValueError without rollout workers, TimeoutError if the fleet stalls.
+    Raises ValueError without rollout workers (on the lead; ``run.replay`` needs
+    none), TimeoutError if the fleet stalls. Processes other than the lead
+    return ``{"process_index", "steps", "policy_version"}``.
     """
-    if not addresses:
-        raise ValueError("no rollout workers: set rollout.worker_addresses or use --role=all")
     maybe_initialize_distributed()
+    lead = multihost.is_lead()
+    if lead and not addresses and not cfg.run.replay:
+        raise ValueError("no rollout workers: set rollout.worker_addresses or use --role=all")
+    if cfg.sft.steps and multihost.process_count() > 1:
+        raise ValueError("sft.steps > 0 needs a single-process learner: run the SFT warm start "
+                         "with one process first, or start from its weights (model.init)")
+    if cfg.run.record_batches and storage.is_remote(workdir):
+        raise ValueError("run.record_batches writes replay.bin into a local work dir only")
     t0, startup_s = time.perf_counter(), timing.startup_s()
     clock, rl_clock = timing.Stopwatch(), timing.Stopwatch()   # phases; parts of the RL steps
-    os.makedirs(workdir, exist_ok=True)
-    if jax.process_index() == 0:                            # the resolved config, for analysis tools
-        run_metrics.write_json(os.path.join(workdir, run_metrics.CONFIG_FILE), cfg.to_dict())
-    security = workers.fleet_security(cfg, workdir, create=True)  # bad TLS paths fail here, not after SFT
+    storage.makedirs(workdir)
+    if lead:                                                # the resolved config, for analysis tools
+        run_metrics.write_json(storage.join(workdir, run_metrics.CONFIG_FILE), cfg.to_dict())
+    # Bad TLS paths fail here, not after SFT; the lead alone makes the token file.
+    security = workers.fleet_security(cfg, workdir, create=True) if lead else None
     console = Console()
 
     def log(text: str) -> None:
-        console.print(f"[bold cyan]sao[/] {text}")
+        if lead:
+            console.print(f"[bold cyan]sao[/] {text}")
 
-    with run_metrics.MetricsWriter(workdir, tensorboard=cfg.run.tensorboard) as writer:
+    with (run_metrics.MetricsWriter(workdir, tensorboard=cfg.run.tensorboard) if lead
+          else run_metrics.NullWriter()) as writer:
         tokenizer = components.make_tokenizer(cfg)
         tasks = components.make_tasks(cfg)
         train_records, heldout = split_prompts(cfg, tasks)
-        policy = components.make_policy(cfg, cfg.seed)
+        multihost.sync("start")                            # the lead spawned workers, wrote files
+        mesh = mesh_from_config(cfg.model.mesh)            # every device of every process
+        policy = components.make_policy(cfg, cfg.seed, mesh=mesh)
         # 1. SFT warm start (cached in sft/).
         if cfg.sft.steps:
             with clock.part("sft"):
                 sft_warm_start(cfg, policy, tokenizer, workdir, writer, log)
-        learner = Learner(components.learner_config(cfg), mesh_from_config(cfg.model.mesh), policy)
+        learner = Learner(components.learner_config(cfg), mesh, policy)
         states = learner.init_states()
         publish = components.publisher(cfg, learner, policy.cfg, tokenizer,  # clears publish/
                                        workers.publish_root(cfg, workdir))
-        if components.samples_on_fleet(cfg):               # SGLang engines: the learner holds none
+        on_fleet = components.samples_on_fleet(cfg)
+        if not lead:                                       # processes 1..: the lead samples
+            sampler = None
+        elif on_fleet:                                     # SGLang engines: the learner holds none
             sampler = FleetSampler(addresses, components.dispatcher_config(
                 cfg, learner, tokenizer, security, initial_version=states.policy_version), publish,
                 temperature=cfg.rollout.temperature, timeout_s=cfg.run.batch_timeout_s)
         else:
-            engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in-process
+            engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in process
             sampler = Sampler(engine, components.make_env_factory(
                                   cfg, tasks, clock=components.engine_clock(lambda: engine)),
                               tokenizer, components.sampling_params(cfg, tokenizer),
@@ -102,21 +131,27 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
                               concurrency=cfg.rollout.max_concurrency,
                               **components.episode_kwargs(cfg, tokenizer))
 
+        sampler = LeadSampling(sampler, in_process=not on_fleet, publish=publish)
+
         def evaluate(states, step: int) -> dict:
             m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
-            log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
-                f"tool use {100 * m['eval/tool_use']:.1f}%")
+            if m:                                          # the lead's metrics
+                log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
+                    f"tool use {100 * m['eval/tool_use']:.1f}%")
             return m
 
-        # 2. Held-out evaluation of the starting policy (cached in eval_before.json).
-        before = read_json(os.path.join(workdir, EVAL_BEFORE_FILE))
+        # 2. Held-out evaluation of the starting policy (cached in eval_before.json; the
+        # lead decides, as every process must evaluate or none).
+        before = multihost.broadcast_json(
+            read_json(storage.join(workdir, EVAL_BEFORE_FILE)) if lead else None)
         if before is None:
             with clock.part("eval_before"):
                 before = evaluate(states, 0)
             writer.write(0, before)
-            run_metrics.write_json(os.path.join(workdir, EVAL_BEFORE_FILE), before)
+            if lead:
+                run_metrics.write_json(storage.join(workdir, EVAL_BEFORE_FILE), before)
         # 3. Value pretraining on a fresh run; otherwise restore the latest checkpoint.
-        checkpointer = ckpt.Checkpointer(os.path.join(workdir, "ckpt"), max_to_keep=cfg.checkpoint.keep)
+        checkpointer = ckpt.Checkpointer(storage.join(workdir, "ckpt"), max_to_keep=cfg.checkpoint.keep)
         if checkpointer.latest_step() is None:
             with clock.part("value_pretrain"):
                 states = value_pretrain(cfg, learner, states, sampler, train_records, writer, log,
@@ -127,7 +162,12 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
             restored = checkpointer.restore(target=learner.abstract_states(states))
             states, start_step = restored.train_state, restored.step
             data_state = restored.data_state or {}
-            log(f"resumed at step {start_step} (policy version {states.policy_version})")
+            note = f"resumed at step {start_step} (policy version {states.policy_version})"
+            if multihost.process_count() > 1:              # every process says where it resumed
+                note = f"process {jax.process_index()}: {note}"
+                console.print(f"[bold cyan]sao[/] {note}")
+            else:
+                log(note)
         # 4. Asynchronous RL against the fleet.
         with clock.part("rl"):
             states, steps_done, fleet = reinforce(
@@ -140,6 +180,9 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         with clock.part("eval_after"):
             after = evaluate(states, steps_done)
         writer.write(steps_done, after)
+    if not lead:
+        return {"process_index": jax.process_index(), "steps": steps_done,
+                "policy_version": states.policy_version}
     summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
                "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
@@ -153,7 +196,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     summary.update({"wall_s": round(wall_s, 1), **timing.breakdown(clock, rl_clock, wall_s=wall_s),
                     "time/startup_s": round(startup_s, 1), "time/learner_cpu_s": round(learner_cpu_s, 1),
                     "time/workers_cpu_s": round(workers_cpu_s, 1)})
-    run_metrics.write_json(os.path.join(workdir, run_metrics.SUMMARY_FILE), summary)
+    run_metrics.write_json(storage.join(workdir, run_metrics.SUMMARY_FILE), summary)
     console.print(run_metrics.summary_table(summary))
     console.print(timing.table(summary))
     return summary
@@ -228,52 +271,89 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
     ``sampler`` (``evaluate``'s) samples through this dispatcher meanwhile; ``timer``
     gets the RL loop's parts (``rl_loop.train``), the first push and the last
     checkpoint included. Returns ``(states, steps done, the dispatcher's final snapshot)``.
+
+    Only the lead has a dispatcher (or, with ``run.replay``, a ``ReplaySource``);
+    with several processes each batch it takes goes to all (``multihost.BatchBroadcast``,
+    received by ``multihost.FollowerSource``), and all publish and checkpoint together.
     """
     timer = timing.Stopwatch() if timer is None else timer
+    lead = multihost.is_lead()
     baseline = components.running_mean_baseline(cfg)      # running-mean advantages, or None
-    if baseline is not None and data_state.get("baseline"):
+    if baseline is not None and data_state.get("baseline"):  # every process: same batches, same state
         baseline.load_state_dict(data_state["baseline"])
-    # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
-    # "prompts" is where checkpoints written before kept the position alone.
-    stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
-                                          state=data_state.get("prompts")), cfg.rollout.group_size)
-    dispatcher = Dispatcher(addresses, stream, components.dispatcher_config(
-        cfg, learner, tokenizer, security, initial_version=states.policy_version))
-    if data_state.get("dispatcher"):
-        dispatcher.load_state_dict(data_state["dispatcher"])
-    group_size = cfg.rollout.group_size
-    groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch
-        dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
-    if groups is not None and data_state.get("groups"):
-        groups.load_state_dict(data_state["groups"])
-    with timer.part("publish"):
-        dispatcher.push_weights(states.policy_version, publish(states, states.policy_version))
+    dispatcher = groups = None
+    if not lead:
+        source = multihost.FollowerSource()
+    elif cfg.run.replay:                                   # a recorded run's batches, no fleet
+        source = ReplaySource(cfg.run.replay, initial_version=states.policy_version)
+    else:
+        # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
+        # "prompts" is where checkpoints written before kept the position alone.
+        stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
+                                              state=data_state.get("prompts")), cfg.rollout.group_size)
+        source = dispatcher = Dispatcher(addresses, stream, components.dispatcher_config(
+            cfg, learner, tokenizer, security, initial_version=states.policy_version))
+        if data_state.get("dispatcher"):
+            dispatcher.load_state_dict(data_state["dispatcher"])
+        group_size = cfg.rollout.group_size
+        groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch
+            dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
+        if groups is not None and data_state.get("groups"):
+            groups.load_state_dict(data_state["groups"])
+    next_batch = groups
+    with contextlib.ExitStack() as stack:
+        if lead and cfg.run.record_batches:                # what the learner trains on, cut at resume
+            record = stack.enter_context(ReplayWriter(storage.join(workdir, REPLAY_FILE),
+                                                      max_batches=start_step))
+            next_batch = recorded(next_batch or source.get_batch, record, source)
+        if lead and multihost.process_count() > 1:
+            next_batch = multihost.BatchBroadcast(next_batch or source.get_batch)
+        with timer.part("publish"):
+            source.push_weights(states.policy_version, publish(states, states.policy_version))
 
-    def checkpoint(s, step: int) -> None:
-        save(checkpointer, s, step, data_state={
-            "dispatcher": dispatcher.state_dict(),
-            "groups": groups.state_dict() if groups is not None else None,
-            "baseline": baseline.state_dict() if baseline is not None else None})
+        def checkpoint(s, step: int) -> None:
+            save(checkpointer, s, step, data_state=None if not lead else {
+                "dispatcher": dispatcher.state_dict() if dispatcher is not None else None,
+                "groups": groups.state_dict() if groups is not None else None,
+                "baseline": baseline.state_dict() if baseline is not None else None})
 
-    def batch_metrics(trajs) -> dict:
-        return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
+        def batch_metrics(trajs) -> dict:
+            return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
 
-    loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
-                              eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
-                              batch_timeout_s=cfg.run.batch_timeout_s)
-    with dispatcher, sampler.using(dispatcher), run_metrics.Progress(
-            cfg.run.steps, description="SAO", enabled=cfg.run.progress,
+        loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
+                                  eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
+                                  batch_timeout_s=cfg.run.batch_timeout_s)
+        if dispatcher is not None:
+            stack.enter_context(dispatcher)
+            stack.enter_context(sampler.using(dispatcher))
+        bar = stack.enter_context(run_metrics.Progress(
+            cfg.run.steps, description="SAO", enabled=cfg.run.progress and lead,
             keys=("rollout/reward", "rollout/tool_use", "eval/accuracy",
-                  "critic/explained_variance")) as bar:
+                  "critic/explained_variance")))
         bar.update(start_step)
         hooks = rl_loop.LoopHooks(
             publish=publish, write=writer.write, evaluate=evaluate, checkpoint=checkpoint,
-            on_step=bar.update, advantages=baseline, batch_metrics=batch_metrics, next_batch=groups)
-        states, steps_done, _ = rl_loop.train(learner, states, dispatcher, loop=loop,
-                                              start_step=start_step, hooks=hooks, timer=timer)
+            on_step=bar.update, advantages=baseline, batch_metrics=batch_metrics,
+            next_batch=next_batch)
+        states, steps_done, counts = rl_loop.train(learner, states, source, loop=loop,
+                                                   start_step=start_step, hooks=hooks, timer=timer)
         with timer.part("checkpoint"):
             checkpoint(states, steps_done)
+    if dispatcher is None:                                 # replay (or not the lead): this run's counts
+        return states, steps_done, {"trained": counts["trajectories"], "dropped": 0,
+                                    **source.snapshot()}
     return states, steps_done, dispatcher.snapshot()  # counts are cumulative over resumes
+
+
+def recorded(next_batch, writer: ReplayWriter, source):
+    """``next_batch`` that also appends each batch to ``writer`` with the
+    version last pushed to ``source`` (what ``ReplaySource`` checks on replay)."""
+    def get(timeout: float | None = None):
+        trajs = next_batch(timeout)
+        if trajs:
+            writer.write_batch(trajs, learner_version=source.learner_version)
+        return trajs
+    return get
 
 
 def save(checkpointer, states, step: int, *, data_state) -> None:
@@ -306,8 +386,7 @@ def drift_adaptation(cfg, workdir: str) -> dict:
 
 
 def read_json(path: str) -> dict | None:
-    """The JSON object in ``path``, or None if there is no such file."""
-    if not os.path.exists(path):
+    """The JSON object in ``path`` (local or ``gs://``), or None if there is no such file."""
+    if not storage.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return json.loads(storage.read_text(path))

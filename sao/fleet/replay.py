@@ -75,23 +75,30 @@ def read_batches(path: str | os.PathLike) -> Iterator[ReplayBatch]:
         pending = []
 
 
-def _valid_length(data: bytes) -> int:
-    """Bytes up to the end of the last complete batch."""
-    valid = 0
+def _valid_length(data: bytes, max_batches: int | None = None) -> int:
+    """Bytes up to the end of the last complete batch (of the first ``max_batches``)."""
+    valid, batches = 0, 0
     for end, kind, _ in _records(data):
         if kind == BATCH:
-            valid = end
+            if max_batches is not None and batches >= max_batches:
+                break
+            valid, batches = end, batches + 1
     return valid
 
 
 class ReplayWriter:
-    """Appends batches to ``path`` (created if absent; a torn tail is cut)."""
+    """Appends batches to ``path`` (created if absent; a torn tail is cut).
 
-    def __init__(self, path: str | os.PathLike):
+    ``max_batches``: keep only the first N complete batches before appending
+    (a learner resumed from its step-N checkpoint records from there on: what
+    it trained on after that checkpoint is cut).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_batches: int | None = None):
         self.path = pathlib.Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.touch(exist_ok=True)
-        valid = _valid_length(self.path.read_bytes())
+        valid = _valid_length(self.path.read_bytes(), max_batches)
         self._f = open(self.path, "r+b")
         self._f.truncate(valid)
         self._f.seek(valid)

@@ -26,7 +26,7 @@ from sao.learner import steps
 from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
 from sao.learner.guards import check_sharded
-from sao.learner.mesh import batch_sharding, put_batch
+from sao.learner.mesh import batch_sharding, host_scalar, put_batch
 from sao.learner.state import LearnerStates, make_optimizer, plan_state, trainable_mask
 from sao.learner.update import CompiledSteps, update_step, value_pretrain
 from sao.models import ValueModel
@@ -151,7 +151,7 @@ class Learner:
         if self.cfg.kl_coef > 0:
             ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
                           out_shardings=self.actor_shardings.params)(actor.params)
-        step = jax.device_put(jnp.zeros((), jnp.int32), self._rep)
+        step = host_scalar(0, jnp.int32, self._rep)
         return LearnerStates(actor=actor, critic=critic, ref_params=ref, step=step)
 
     def abstract_states(self, like: LearnerStates | None = None) -> LearnerStates:

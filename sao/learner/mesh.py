@@ -24,6 +24,7 @@ from sao.models.sharding import MESH_AXES, logical_to_spec, make_mesh
 ENV_COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAX_PROCESS_ID"
+CPU_COLLECTIVE_TIMEOUT_FLAG = "--xla_cpu_collective_timeout_seconds"
 
 
 def mesh_shape(cd: Mapping[str, Any] | Any, num_devices: int) -> dict[str, int]:
@@ -134,6 +135,11 @@ def maybe_initialize_distributed(env: Mapping[str, str] | None = None, **overrid
     if args is None:
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # A gloo group whose processes first meet more than this apart fails (default 30 s: one
+    # process compiling a step slower than another under load is enough).
+    flags = os.environ.get("XLA_FLAGS", "")
+    if CPU_COLLECTIVE_TIMEOUT_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {CPU_COLLECTIVE_TIMEOUT_FLAG}=3600".strip()
     jax.distributed.initialize(**args)
     return True
 
@@ -166,3 +172,11 @@ def put_batch(batch: TrainBatch, mesh: Mesh, batch_size: int) -> TrainBatch:
         x = np.asarray(x)
         return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
     return jax.tree.map(place, batch)
+
+
+def host_scalar(value, dtype, sharding: NamedSharding) -> jax.Array:
+    """A scalar the host knows, placed with ``sharding`` (replicated) without
+    the cross-process equality check ``jax.device_put`` makes in a
+    multi-process job (every process passes the same value)."""
+    host = np.asarray(value, dtype)
+    return jax.make_array_from_callback((), sharding, lambda index: host)

@@ -37,7 +37,7 @@ from jax.sharding import Mesh
 from sao import algo
 from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
-from sao.learner.mesh import put_batch
+from sao.learner.mesh import host_scalar, put_batch
 from sao.learner.state import LearnerStates, TrainState
 
 
@@ -207,7 +207,7 @@ def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
                           advantages=t["advantages"], rollout_logprobs=batch.rollout_logprobs)
             actor, am = steps.actor_step(actor, states.ref_params, inputs)
             metrics.update(_prefixed("actor", am))
-    new_step = jax.device_put(jnp.asarray(step + 1, jnp.int32), states.step.sharding)
+    new_step = host_scalar(step + 1, jnp.int32, states.step.sharding)
     new = LearnerStates(actor=actor, critic=critic, ref_params=states.ref_params, step=new_step)
     out = to_host(metrics)
     out.update({"learner/step": float(step + 1), "learner/actor_updated": float(update_actor),

@@ -1,0 +1,146 @@
+"""A multi-host learner on this CPU: 2 processes x 4 devices (jax.distributed on
+localhost, gloo CPU collectives) run ``python -m sao.main --role=all`` against a
+local fleet, checkpoint every step, are SIGKILLed after step 3, resume, and
+finish step 5. Their parameters equal, bit for bit, those of a 1-process
+8-device learner fed the batches the two-process run recorded (``run.replay``).
+
+The reference joins a one-process ``jax.distributed`` job (replay_child.py):
+gloo sums in another order than XLA's in-process CPU collectives, so the same
+collectives are compared.
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from sao import run_metrics
+from sao.fleet.replay import read_batches
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+STEPS = 5
+OVERRIDES = [  # the cpu variant, cut to seconds per step: B=8 over 8 devices, one worker
+    "model.mesh.data=-1", "learner.batch_size=8", "rollout.num_workers=1",
+    "rollout.max_concurrency=8", "rollout.engine_slots=8", "rollout.max_new_tokens=24",
+    "rollout.max_turns=2", "critic.value_pretrain_steps=0", "critic.critic_warmup_steps=1",
+    "eval.num_prompts=4", "eval.every=0", "sft.steps=0", "checkpoint.every=1",
+    f"run.steps={STEPS}", "run.tensorboard=False", "run.progress=False"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_job(workdir: str, logs: str) -> list[subprocess.Popen]:
+    """Both learner processes (process 0 spawns the rollout worker), each in its own
+    process group; 4 CPU devices each."""
+    port = free_port()
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    procs = []
+    for i in range(2):
+        argv = [sys.executable, "-m", "sao.main", "--config=experiments/sao_math.py:cpu",
+                *(f"--config.{o}" for o in OVERRIDES), "--config.run.record_batches=True",
+                f"--workdir={workdir}", "--role=all", f"--coordinator_address=127.0.0.1:{port}",
+                "--num_processes=2", f"--process_id={i}"]
+        with open(f"{logs}.p{i}.log", "w") as log:
+            procs.append(subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+    return procs
+
+
+def kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)   # the learner and the worker it spawned
+    for p in procs:
+        p.wait()
+
+
+def wait(procs, timeout_s: float, until=lambda: False) -> bool:
+    """Waits for both to exit (True) or ``until()`` (False); kills them past the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if until():
+            return False
+        if all(p.poll() is not None for p in procs):
+            return True
+        time.sleep(1)
+    kill(procs)
+    raise TimeoutError("the two-process learner did not finish in time")
+
+
+def logs_of(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def train_state(directory: str):
+    """A checkpoint's train item as numpy (on this process's first device)."""
+    dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with ocp.StandardCheckpointer() as c:
+        meta = c.metadata(directory)
+        tree = getattr(meta, "item_metadata", meta)
+        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=dev), tree)
+        return jax.tree.map(np.asarray, c.restore(directory, target))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_two_processes_resume_and_equal_one_process_replay(tmp_path):
+    work, logs = str(tmp_path / "mp"), str(tmp_path / "mp")
+    # 1. Two processes train, checkpoint every step; SIGKILL once step 3 is saved.
+    procs = start_job(work, logs + "-a")
+    saved3 = lambda: os.path.isdir(os.path.join(work, "ckpt", "3"))  # noqa: E731 (renamed when complete)
+    try:
+        finished = wait(procs, 1200, until=saved3)
+    finally:
+        kill(procs)
+    assert not finished, logs_of(logs + "-a.p0.log")[-3000:] + logs_of(logs + "-a.p1.log")[-3000:]
+    # 2. Both resume from the same checkpoint and finish.
+    procs = start_job(work, logs + "-b")
+    try:
+        wait(procs, 1200)
+    finally:
+        kill(procs)
+    out = [logs_of(f"{logs}-b.p{i}.log") for i in range(2)]
+    assert [p.returncode for p in procs] == [0, 0], out[0][-3000:] + out[1][-3000:]
+    resumed = [re.findall(rf"process {i}: resumed at step (\d+) \(policy version (\d+)\)", out[i])
+               for i in range(2)]
+    assert resumed[0] == resumed[1] and len(resumed[0]) == 1 and int(resumed[0][0][0]) >= 3
+    # Process 0 alone evaluated and wrote the run's records.
+    assert "held-out pass@1" in out[0] and "held-out pass@1" not in out[1]
+    assert "SAO run summary" in out[0] and "SAO run summary" not in out[1]
+    rl = [r["step"] for r in run_metrics.read_metrics(work) if r["phase"] == "rl"]
+    assert sorted(set(rl)) == list(range(STEPS + 1))
+    batches = list(read_batches(os.path.join(work, "replay.bin")))
+    assert [b.step for b in batches] == list(range(STEPS)) and all(
+        len(b.trajectories) == 8 for b in batches)
+    # 3. One process, 8 devices, the recorded batches.
+    ref = str(tmp_path / "ref")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "replay_child.py"), str(free_port()),
+                           ref, os.path.join(work, "replay.bin"), *OVERRIDES],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                          env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"reference steps {STEPS}" in proc.stdout
+    # 4. Same parameters, optimiser moments and counters, bit for bit.
+    two = train_state(os.path.join(work, "ckpt", str(STEPS), "train"))
+    one = train_state(os.path.join(ref, "ckpt", str(STEPS), "train"))
+    assert jax.tree.structure(two) == jax.tree.structure(one)
+    leaves = list(zip(jax.tree.leaves(two), jax.tree.leaves(one)))
+    assert len(leaves) > 50
+    for a, b in leaves:
+        np.testing.assert_array_equal(a, b)
+    before = train_state(os.path.join(ref, "ckpt", str(STEPS - 1), "train"))
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(one)))
