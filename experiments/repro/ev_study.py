@@ -155,7 +155,10 @@ def markdown(res: dict | None) -> str:
         vals = [v for s, v in logged if lo <= s <= hi]
         return f"{np.mean(vals):.2f} (sd {np.std(vals):.2f})" if vals else "—"
 
-    lines = [f"Source run: `{res['run_dir']}` (quick start, seed 0). Logged "
+    cmd = (f"python -m experiments.repro.ev_study --run {res['run_dir']} --config "
+           f"{res.get('config', 'experiments/quickstart.py:0')} --runs RUNS -n {res['n']}")
+    lines = [f"`{cmd}` (the source run is a `make run` quick-start run, seed 0, "
+             f"30 steps, its checkpoints at steps 10, 20, 30 and its SFT weights). Logged "
              f"`critic/explained_variance`: steps 1-10 mean {window(1, 10)}, 11-20 "
              f"{window(11, 20)}, 21-30 {window(21, 30)}. Value pretraining redone on the SFT "
              f"policy: {res['value_pretrain']['steps']} critic steps, in-sample EV history "
@@ -182,6 +185,7 @@ def main(argv=None) -> None:
     p.add_argument("-n", type=int, default=256)
     args = p.parse_args(argv)
     res = study(experiment_config(args.config), os.path.abspath(args.run), args.n)
+    res["config"] = args.config
     path = os.path.join(args.runs, EV_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
