@@ -213,6 +213,15 @@ def status(runs: str, arms: list[str], seeds: list[int]) -> str:
             st = run_state(runs, arm, s)
             cells.append(f"{st}{'' if st in ('done', 'pending') else f' @{rl_steps_done(runs, arm, s)}'}")
         lines.append(f"{arm:20s} " + " ".join(f"{c:>16s}" for c in cells))
+    secs = [sum(r["seconds"] for r in _attempts(run_dir(runs, a, s)).get("runs", []))
+            for a in arms for s in seeds if run_state(runs, a, s) == "done"]
+    left = sum(run_state(runs, a, s) in ("pending", "partial") for a in arms for s in seeds)
+    if secs:
+        mean = sum(secs) / len(secs)
+        lines.append(f"{len(secs)} runs done, {mean / 60:.0f} min each on average (at this "
+                     f"load); {left} to go: about {left * mean / 3600:.1f} h more")
+    else:
+        lines.append(f"no run done yet; {left} to go")
     return "\n".join(lines)
 
 
