@@ -228,6 +228,44 @@ def plots(runs_by_arm, out_dir: str) -> list[str]:
     return written + ["repro_wallclock.png"]
 
 
+def sft_status(runs: str, seeds) -> str:
+    """One line per seed: the shared SFT warm start done / at step N / not started."""
+    out = []
+    for s in seeds:
+        d = sweep.sft_dir(runs, s)
+        if os.path.exists(os.path.join(d, "sft", "result.json")):
+            out.append(f"seed {s}: done")
+            continue
+        step = None
+        if os.path.exists(os.path.join(d, "metrics.jsonl")):
+            from sao.run_metrics import read_metrics
+            step = max((r["step"] for r in read_metrics(d) if r.get("phase") == "sft"), default=0)
+        out.append(f"seed {s}: " + ("not started" if step is None else f"at step {step}"))
+    return "SFT warm starts (one per seed, shared by its arms): " + "; ".join(out) + "."
+
+
+def ev_plot(ev: dict | None, out_dir: str) -> str | None:
+    """docs/repro_ev_study.png: the EV study's measures by checkpoint step (None: no study)."""
+    if ev is None:
+        return None
+    steps = sorted(int(k) for k in ev["checkpoints"])
+    rows = [ev["checkpoints"][str(k)] for k in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, vals in (("critic EV, fresh episodes", [m["ev_pooled"] for m in rows]),
+                        ("tool-use-only predictor EV", [m["ev_tool_oracle"] for m in rows]),
+                        ("critic refit 30 steps, held-out EV", [m["refit"]["ev_held_out"] for m in rows]),
+                        ("tool use", [m["tool_use"] for m in rows])):
+        ax.plot(steps, vals, marker="o", label=label)
+    if ev.get("logged_ev"):
+        ax.plot(*zip(*ev["logged_ev"]), color="grey", alpha=0.5, label="logged EV (per batch)")
+    ax.set_xlabel("quick-start learner step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "repro_ev_study.png"), dpi=90)
+    plt.close(fig)
+    return "repro_ev_study.png"
+
+
 def compute_used(runs: str, runs_by_arm) -> str:
     walls = [r.summary["wall_s"] for rs in runs_by_arm.values() for r in rs if r.summary]
     attempts = 0.0
@@ -288,7 +326,8 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         ".venv/bin/python -m experiments.repro.sweep report --runs RUNS   # this file + docs/repro_*.png\n"
         "```\n",
         f"Compute: {compute_used(runs, runs_by_arm)}\n",
-        "## Which runs exist\n", status_table(runs_by_arm, seeds) + "\n",
+        "## Which runs exist\n", sft_status(runs, seeds) + "\n",
+        status_table(runs_by_arm, seeds) + "\n",
         "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",
         f"![held-out pass@1]({rel}/repro_main.png)\n",
         "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
@@ -310,6 +349,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
          "before every batch.\n" if target is not None else ""),
         wc_table + "\n", f"![wall clock]({rel}/repro_wallclock.png)\n",
         "## The quick start's falling explained variance\n", ev_study.markdown(ev) + "\n",
+        (f"![EV study]({rel}/repro_ev_study.png)\n" if ev_plot(ev, plots_dir) else ""),
         "## Discussion\n", discussion,
     ]
     with open(out, "w", encoding="utf-8") as f:
