@@ -14,7 +14,8 @@ starting ``python -m sao.main --config=experiments/repro/<arm>.py:S
 any other run directory is resumed by the same command (``sao.train`` resumes
 from its last checkpoint). A run that fails is retried on the next ``run``
 until it has failed ``--max_attempts`` times. Each run's console goes to
-``RUNS/<arm>/seedS/driver.log``.
+``RUNS/<arm>/seedS/driver.log``. One ``run`` at a time per runs directory: a
+second one is refused while the first lives (``RUNS/sweep.lock`` holds its pid).
 
 ``--set key=value`` (repeatable) overrides config fields of every arm and of
 the SFT (``--set run.steps=2``); the overrides are recorded in
@@ -27,6 +28,7 @@ Start it at low priority so that it only takes idle CPU:
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -40,6 +42,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SWEEP_FILE = "sweep.json"
 SUMMARY_FILE = "summary.json"
 ATTEMPTS_FILE = "attempts.json"
+LOCK_FILE = "sweep.lock"     # one ``run`` per runs directory at a time (flock)
 
 
 def run_dir(runs: str, arm: str, seed: int) -> str:
@@ -191,6 +194,25 @@ def run(runs: str, arms: list[str], seeds: list[int], overrides: list[str], *,
     """Every arm x seed, seed-major; returns ``{(arm, seed): state}``."""
     runs = os.path.abspath(runs)
     check_sweep_file(runs, overrides)
+    lock = open(os.path.join(runs, LOCK_FILE), "a+")     # held until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        raise RuntimeError(f"another sweep is running on {runs} (pid {lock.read().strip()})"
+                           ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    try:
+        return _run_locked(runs, arms, seeds, overrides, max_attempts)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def _run_locked(runs, arms, seeds, overrides, max_attempts) -> dict:
     states = {}
     for seed in seeds:
         check_shared_sft(arms, seed, overrides)

@@ -155,3 +155,15 @@ def test_ev_study_metric_matches_the_kernel_and_renders():
                               "checkpoints": {"10": one, "0": one}})
     assert "| 0 | 0.50 | 0.50 | 0.90 / — | 0.30 |" in text
     assert text.index("| 0 |") < text.index("| 10 |") and "steps 1-10 mean 0.50" in text
+
+
+def test_one_sweep_at_a_time_per_runs_directory(tmp_path):
+    import fcntl
+    runs = str(tmp_path)
+    sweep.check_sweep_file(runs, [])
+    with open(os.path.join(runs, sweep.LOCK_FILE), "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("4242")
+        held.flush()
+        with pytest.raises(RuntimeError, match="pid 4242"):
+            sweep.run(runs, ["sao"], [0], [])
