@@ -29,15 +29,10 @@ source's position (when it has ``get_state`` / ``set_state``, as
 ``sao.data.prompts.PromptStream``: the rest of a GRPO group included) across a
 learner restart, all taken under one lock.
 
-Unusable workers: one that rejects the credentials (``UNAUTHENTICATED`` /
-``PERMISSION_DENIED``) is logged and never retried; one that holds weights
-newer than the learner's version (a worker left over from a run that got
-further; engines refuse to load older weights) is logged and retried on each
-reconnect, and serves again once the learner's published version reaches
-its own (``sao.fleet.roster``). When every worker is unusable, ``get_batch``
-raises ``FleetError`` instead of blocking; so do ``get_batch``,
-``push_weights`` and ``sample`` once more than ``max_broken_workers`` workers
-broke (engine gave up, weight loads kept failing), naming them.
+Unusable workers (rejected credentials, weights ahead of the learner, an engine
+that gave up) are tracked by ``sao.fleet.roster``: when none can serve, or more
+than ``max_broken_workers`` broke, ``get_batch``, ``push_weights`` and
+``sample`` raise ``FleetError`` naming them instead of blocking.
 
 Sampling outside training (``sample``: held-out evaluation, value-pretraining
 data): ``sao.fleet.sample_jobs``. Settings: ``sao.fleet.dispatch_config``.
