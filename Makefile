@@ -22,7 +22,9 @@ run: $(STAMP)
 	$(PY) -m sao.main --config=experiments/quickstart.py --workdir=$(WORKDIR)
 
 # pytest exits 5 when it collects nothing: that must fail, so no special case.
-test: $(STAMP) sglang-venv
+# The real SGLang environment is installed once per machine, outside the clone
+# (first `make test` on a fresh machine: ~3-12 min, 11 GB), for the e2e fleet run.
+test: $(STAMP) sglang-venv sglang-real-venv
 	$(PY) -m pytest -q $(PYTEST_ARGS) tests
 
 # SGLang-JAX server (CPU) for the rollout integration test, in its own Python

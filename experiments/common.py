@@ -229,13 +229,14 @@ def fleet_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c = cpu(c)
     c.model.tokenizer = "hf"
     c.learner.batch_size = 4
-    c.learner.length_buckets = (256,)
+    c.learner.length_buckets = (384,)     # the Hermes system prompt alone is ~170 tokens
     c.critic.critic_warmup_steps = 0      # the policy moves from the first step on
     c.critic.value_pretrain_steps = 2
     c.train.value_pretrain_trajectories = 4
     c.rollout.engine = "sglang"
     c.rollout.max_concurrency = 4
-    c.rollout.max_new_tokens = 40
+    c.rollout.max_len = 384
+    c.rollout.max_new_tokens = 48
     c.rollout.max_turns = 2
     c.env.tool_format = "hermes"
     c.env.prompt_style = "env"

@@ -6,16 +6,23 @@ Commands (from the repository root)::
     python -m sao.main --config=experiments/sao_math.py:smollm2_cpu --workdir=runs/sao_math_smollm2
     python -m sao.main --config=experiments/sao_math.py:qwen3_30b_a3b --workdir=gs://BUCKET/sao_math
     python launch/tpu_vm.py --config=experiments/sao_math.py:qwen3_30b_a3b --dry-run
+    python launch/sglang_fleet.py --config=experiments/sao_math.py:qwen3_8b --workdir=/shared/run \
+        --model=/models/qwen3-8b --servers=8 --learner
+    python launch/sglang_fleet.py --config=experiments/sao_math.py:fleet_cpu --workdir=runs/fleet \
+        --model=MODEL_DIR --servers=2 --backend=jax --device=cpu \
+        --sglang_python=.venv-sglang/bin/python --learner
 
 Variants: ``cpu`` (tiny byte-level model, runs on a laptop CPU), ``smollm2_cpu``
 (the real SmolLM2-135M-Instruct with its tokenizer, chat template and Hermes tool
 calls, two learner steps on this CPU; tests/e2e/test_smollm2_run.py) and full-scale
-``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b`` (SGLang fleet).
+``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b`` (SGLang fleet); ``fleet_cpu``
+is the SGLang fleet path on a CPU with a small HF model (``--model``; sglang-jax or
+SGLang's CPU engine; tests/e2e/test_sglang_fleet_run.py).
 """
 from experiments import common
 from sao.models.gguf_io import find_smollm2_gguf
 
-VARIANTS = ("cpu", "smollm2_cpu") + tuple(common.FULL_SCALE)
+VARIANTS = ("cpu", "smollm2_cpu", "fleet_cpu") + tuple(common.FULL_SCALE)
 
 
 def smollm2_cpu(c):
@@ -57,6 +64,8 @@ def get_config(arg=None):
         c = common.cpu(c)
     elif variant == "smollm2_cpu":
         c = smollm2_cpu(c)
+    elif variant == "fleet_cpu":        # the SGLang fleet path on this CPU (launch/sglang_fleet.py)
+        c = common.fleet_cpu(c)
     else:
         c = common.full_scale(c, variant)
     return common.finalize(c)

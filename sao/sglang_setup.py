@@ -69,17 +69,27 @@ def server_url(cfg, worker_index: int, sglang_url: str = "") -> str:
     return urls[worker_index]
 
 
+# sglang-jax restarts on every reload: XLA's persistent cache keeps the compiled programs
+# across restarts (and across the workers of a machine); rollout.sglang.env overrides.
+JAX_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": os.path.join("~", ".cache", "sao", "sglang-jax-xla"),
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def make_server(cfg, worker_index: int, log_dir: str = "") -> SGLangServer:
     """The (not yet started) server of worker ``worker_index``: port
     ``rollout.sglang.port + worker_index`` (any free one for port 0), log
     ``<log_dir>/sglang<i>.log`` (``/tmp/sglang-<port>.log`` without
-    ``log_dir``). Its model path is set by the first weight load."""
+    ``log_dir``), environment ``rollout.sglang.env`` (for sglang-jax over
+    ``JAX_CACHE_ENV``). Its model path is set by the first weight load."""
     g = cfg.rollout.sglang
     port = g.port + worker_index if g.port else None
     log_path = os.path.join(log_dir, f"sglang{worker_index}.log") if log_dir else None
+    env = parse_env(g.env)
+    if g.module.startswith("sgl_jax"):
+        env = {**{k: os.path.expanduser(v) for k, v in JAX_CACHE_ENV.items()}, **env}
     return SGLangServer("", python=g.python, module=g.module,
                         args=shlex.split(g.args) if g.args else None, host=g.host, port=port,
-                        log_path=log_path, env=parse_env(g.env),
+                        log_path=log_path, env=env,
                         python_path=[p for p in g.python_path.split(os.pathsep) if p],
                         ready_timeout_s=g.ready_timeout_s)
 

@@ -83,6 +83,10 @@ def test_started_server_command():
     assert server.command()[-4:] == ["--device", "cpu", "--dtype", "float32"]
     assert server.environment()["A"] == "1"
     assert server.environment()["PYTHONPATH"].startswith("/x:/y")
+    # sglang-jax restarts on each reload: XLA's persistent cache survives them (env overrides it).
+    assert server.environment()["JAX_COMPILATION_CACHE_DIR"].endswith("sglang-jax-xla")
+    cfg.rollout.sglang.env = "JAX_COMPILATION_CACHE_DIR=/c"
+    assert sglang_setup.make_server(cfg, 0).environment()["JAX_COMPILATION_CACHE_DIR"] == "/c"
     assert not server.running()  # started by the first weight load
 
 

@@ -17,6 +17,7 @@ detokenizer end with it on their own.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ import urllib.request
 from typing import Sequence
 
 READY_LINE = "fired up and ready to roll"
+START_MARK = "[sao] starting: "  # first line of each start in the log
 
 # sglang-jax on CPU (docs/rollout.md): the flags that make a tiny model start in ~30 s.
 JAX_CPU_ARGS: tuple[str, ...] = (
@@ -58,8 +60,9 @@ class SGLangServer:
         (PyTorch: GPU, or CPU with ``TORCH_CPU_ARGS``); both speak the same HTTP API.
       args: extra launch flags (default ``JAX_CPU_ARGS`` for sgl_jax, none otherwise).
       host, port: where it listens (default a free port on 127.0.0.1).
-      log_path: file receiving the server's stdout+stderr (default beside nothing:
-        ``/tmp/sglang-<port>.log``).
+      log_path: file receiving the server's stdout+stderr (default
+        ``/tmp/sglang-<port>.log``); each start appends to it after a line
+        ``[sao] starting: <command>`` (restarts stay readable one after another).
       env: extra environment variables (``JAX_PLATFORMS=cpu`` is set for
         sgl_jax, ``SGLANG_USE_CPU_ENGINE=1`` for sglang with ``--device cpu``);
         the caller's ``XLA_FLAGS`` are not passed on unless given here.
@@ -96,6 +99,7 @@ class SGLangServer:
         self.stop_timeout_s = stop_timeout_s
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
+        self._log_offset = 0
 
     @property
     def base_url(self) -> str:
@@ -131,7 +135,10 @@ class SGLangServer:
         """
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError(f"server already running (pid {self.proc.pid})")
-        with open(self.log_path, "w") as log:
+        with open(self.log_path, "ab") as log:
+            log.write(f"{START_MARK}{shlex.join(self.command())}\n".encode())
+            log.flush()
+            self._log_offset = log.tell()  # readiness and errors: this start's lines only
             self.proc = subprocess.Popen(
                 self.launch_argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.environment(), start_new_session=True)
@@ -183,12 +190,14 @@ class SGLangServer:
         self.start()
 
     def log_tail(self, n_chars: int = 4000) -> str:
+        """The end of what the current (or last) start wrote."""
         return self._read_log()[-n_chars:]
 
     def _read_log(self) -> str:
         try:
-            with open(self.log_path, errors="replace") as f:
-                return f.read()
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_offset)
+                return f.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
 

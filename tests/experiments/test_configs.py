@@ -43,6 +43,12 @@ def test_config_loads_locked_and_valid(name, variant):
         assert group in cfg, group
     if variant.startswith("cpu") or name == "quickstart":
         assert cfg.model.preset == "tiny" and cfg.rollout.engine == "jax"
+    elif variant == "smollm2_cpu":         # the real SmolLM2-135M GGUF on local JAX workers
+        assert cfg.model.preset == "smollm2-135m" and cfg.model.init.endswith(".gguf")
+        assert (cfg.model.tokenizer, cfg.env.tool_format, cfg.rollout.engine) == ("hf", "hermes", "jax")
+    elif variant == "fleet_cpu":           # an HF model given by the launcher, served by SGLang
+        assert (cfg.model.tokenizer, cfg.env.tool_format, cfg.rollout.engine) == ("hf", "hermes", "sglang")
+        assert cfg.checkpoint.hf_export and cfg.eval.where == "auto"
     else:
         assert cfg.model.preset.startswith("qwen3") and cfg.rollout.engine == "sglang"
     lc = learner_config(cfg)
