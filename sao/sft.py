@@ -3,8 +3,11 @@
 The quick start warm-starts its tiny policy on tool-integrated demonstrations
 (sao/data/demonstrations.py) before RL. The loss is the mean negative log-likelihood of
 the action tokens (``loss_mask``), computed with ``sao.models.token_logprobs``
-(the same f32 head / log-softmax the learner uses). Padded batches use at most
-two lengths (``short_len`` and ``max_len``), so the step compiles at most twice.
+(the same f32 head / log-softmax the learner uses). Each batch is cut to its
+longest row rounded up to a multiple of ``pad_multiple`` tokens (`batch_width`):
+the padding after a row changes no loss or gradient (causal attention,
+``loss_mask``), only FLOPs, and the step compiles once per width (at most
+``max_len / pad_multiple`` widths).
 
 The result is cached in ``<workdir>/sft`` as a published params checkpoint
 (``sao.ckpt.publish``, version 0) plus ``sft/result.json``; a rerun loads it
@@ -38,6 +41,16 @@ def sft_loss(model, tokens: jax.Array, loss_mask: jax.Array) -> jax.Array:
     return -jnp.sum(lp * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def batch_width(longest: int, max_len: int, pad_multiple: int) -> int:
+    """Padded width of a batch whose longest row has ``longest`` tokens: rounded up to a
+    multiple of ``pad_multiple``, at most ``max_len``. Raises ValueError if ``pad_multiple``
+    < 1 or ``longest`` is not in ``[0, max_len]``."""
+    if pad_multiple < 1 or not 0 <= longest <= max_len:
+        raise ValueError(f"need pad_multiple >= 1 and 0 <= longest <= max_len, got {pad_multiple}, "
+                         f"{longest}, {max_len}")
+    return min(max_len, max(pad_multiple, -(-longest // pad_multiple) * pad_multiple))
+
+
 @nnx.jit
 def _train_step(model, optimizer, tokens, loss_mask):
     loss, grads = nnx.value_and_grad(sft_loss)(model, tokens, loss_mask)
@@ -46,7 +59,7 @@ def _train_step(model, optimizer, tokens, loss_mask):
 
 
 def train_sft(model, data: SFTArrays, *, steps: int, batch_size: int, lr: float,
-              warmup_steps: int = 50, seed: int = 0, short_len: int = 64,
+              warmup_steps: int = 50, seed: int = 0, pad_multiple: int = 16,
               log: Callable[[int, dict], None] | None = None, log_every: int = 25) -> dict:
     """Trains ``model`` in place on ``data`` for ``steps`` AdamW steps (warm-up + cosine decay).
 
@@ -55,7 +68,7 @@ def train_sft(model, data: SFTArrays, *, steps: int, batch_size: int, lr: float,
       data: tokenised demonstrations (``sao.data.demonstrations.tokenize_demonstrations``).
       steps, batch_size: optimiser steps and rows per step (sampled with replacement).
       lr: peak learning rate; ``warmup_steps`` linear warm-up.
-      short_len: batches whose rows all fit are cut to this length (fewer FLOPs).
+      pad_multiple: each batch is cut to `batch_width` of its longest row (fewer FLOPs).
       log: ``log(step, metrics)`` every ``log_every`` steps and at the end.
     Returns ``{"sft/loss": last loss, "sft/steps": steps, "sft/seconds": wall}``.
     Raises ValueError if ``steps`` or ``batch_size`` < 1 or the data is empty.
@@ -72,7 +85,7 @@ def train_sft(model, data: SFTArrays, *, steps: int, batch_size: int, lr: float,
     t0, loss = time.monotonic(), float("nan")
     for step in range(1, steps + 1):
         idx = rng.integers(0, n, batch_size)
-        width = short_len if int(data.lengths[idx].max()) <= short_len else max_len
+        width = batch_width(int(data.lengths[idx].max()), max_len, pad_multiple)
         loss_arr = _train_step(model, optimizer, jnp.asarray(data.tokens[idx, :width]),
                                jnp.asarray(data.loss_mask[idx, :width]))
         if log is not None and (step % log_every == 0 or step == steps):
