@@ -275,8 +275,7 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
             dir_mode = stat.S_IMODE(os.stat(target).st_mode)  # 0o777 less the umask
     multihost.sync(f"sao-publish-{int(version)}-begin")
     try:
-        with ocp.StandardCheckpointer() as ckptr:
-            ckptr.save(storage.join(target, PARAMS_DIR), params)
+        _write_params(storage.join(target, PARAMS_DIR), params)
         if lead and hf_export is not None:
             hf_path = storage.join(target, HF_DIR)
             hf_export(hf_path)
@@ -299,6 +298,14 @@ def publish(directory: str, version: int, params, *, hf_export=None, keep: int =
         _prune(directory, keep)
     multihost.sync(f"sao-publish-{int(version)}-end")
     return storage.join(final, PARAMS_DIR)
+
+
+def _write_params(path: str, params) -> None:
+    """The orbax checkpoint of a publish (``ocp.StandardCheckpointer`` restores it),
+    uncompressed: weights barely compress (~8%), and zstd made saving and restoring
+    them 3-4x slower (benchmarks/README.md, weight push). Collective across processes."""
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_compression=False)) as ckptr:
+        ckptr.save(path, args=ocp.args.PyTreeSave(params))
 
 
 def _umask_modes(root: str, dir_mode: int) -> None:

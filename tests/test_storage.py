@@ -132,7 +132,7 @@ def test_publish_marker_and_model_copy_on_fake_gcs(fake_gcs, tmp_path, monkeypat
     layer (orbax's own array writes to gs:// go through tensorstore, which the
     fake cannot serve: ``ckpt.publish`` is checked end to end locally in
     tests/test_ckpt.py); a gs:// model is copied once into the cache."""
-    monkeypatch.setattr(ckpt.ocp, "StandardCheckpointer", _FakeCheckpointer)
+    monkeypatch.setattr(ckpt, "_write_params", lambda path, params: _FakeCheckpointer().save(path, params))
     root = "gs://bucket/run/publish"
     uris = [ckpt.publish(root, v, {"w": np.arange(3)}, keep=2) for v in (1, 2, 3)]
     assert ckpt.latest_published(root) == (3, uris[-1])

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import safe_open
-from safetensors.flax import save_file
+from safetensors.numpy import save_file  # host arrays as they are: no device round trip
 
 from sao.models.config import ModelConfig
 from sao.models.sharding import state_shardings
@@ -344,7 +344,7 @@ def save_hf_state(state: Mapping[str, np.ndarray], model_dir: str, *,
     else:
         names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     for name, shard in zip(names, shards):
-        save_file({k: jnp.asarray(v) for k, v in shard.items()},
+        save_file({k: np.ascontiguousarray(v) for k, v in shard.items()},
                   os.path.join(model_dir, name), metadata=meta)
     if len(shards) > 1:
         index = {"metadata": {"total_size": int(sum(w.nbytes for w in state.values()))},
