@@ -13,10 +13,17 @@ reports (generate.py), so learner and engine agree.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
+from sao.models.layers import transposed_dot
+
 DEFAULT_CHUNK = 128
+# The backward pass reuses the forward's f32 logits when all of them take at
+# most this many bytes, and recomputes them block by block otherwise.
+SAVE_LOGITS_MAX_BYTES = 2 ** 28
 
 
 def _check_temperature(temperature):
@@ -24,11 +31,85 @@ def _check_temperature(temperature):
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
 
 
+def _chunk_forward(h, t, w, inv_t):
+    """One block: h [B, c, D], t i32[B, c] -> (logits f32[B, c, V], logz, logprobs, entropy)."""
+    logits = jnp.einsum("bcd,dv->bcv", h.astype(jnp.float32), w) * inv_t
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    shifted = logits - top
+    e = jnp.exp(shifted)
+    # sum(e) and sum(e * shifted) in one pass over the block (one exp per entry).
+    total, weighted = jax.lax.reduce((e, e * shifted), (0.0, 0.0),
+                                     lambda a, b: (a[0] + b[0], a[1] + b[1]), (2,))
+    logz = jnp.log(total) + top[..., 0]
+    picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+    entropy = jnp.log(total) - weighted / total
+    return logits, logz, picked - logz, entropy
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _head(save_logits: bool, hs, ts, w, inv_t):
+    """Blocks hs [n, B, c, D], ts i32[n, B, c], w f32[D, V], inv_t f32[] ->
+    (logprobs f32[n, B, c], entropy f32[n, B, c]). ``save_logits``: keep every
+    block's logits for the backward pass instead of recomputing them."""
+    return _head_fwd(save_logits, hs, ts, w, inv_t)[0]
+
+
+def _head_fwd(save_logits, hs, ts, w, inv_t):
+    def one(args):
+        logits, logz, lp, ent = _chunk_forward(*args, w, inv_t)
+        return lp, ent, logz, logits if save_logits else None
+
+    lp, ent, logz, logits = jax.lax.map(one, (hs, ts))
+    return (lp, ent), (hs, ts, w, inv_t, logz, ent, logits)
+
+
+def _head_bwd(save_logits, res, cts):
+    """Per block, the logits (saved or recomputed in f32) give d/dlogits of
+    ``lp = logits[t] - logz`` and ``ent = logz - sum p*logits`` in one pass:
+    ``g_lp * (onehot - p) + g_ent * p * (logz - ent - logits)``. The two
+    products with it (hidden and head gradients) take the hidden states'
+    dtype with f32 accumulation: bf16 under mixed precision, f32 otherwise."""
+    del save_logits
+    hs, ts, w, inv_t, logz, ent, saved = res
+    g_lp, g_ent = cts
+    cd = hs.dtype
+    w_cd = w.astype(cd)
+
+    def one(carry, args):
+        dw, dinv = carry
+        h, t, lz, en, glp, gent, logits = args
+        if logits is None:
+            logits = jnp.einsum("bcd,dv->bcv", h.astype(jnp.float32), w) * inv_t
+        hit = jnp.arange(logits.shape[-1], dtype=t.dtype) == t[..., None]
+        probs = jnp.exp(logits - lz[..., None])
+        dlogits = (jnp.where(hit, glp[..., None], 0.0) - glp[..., None] * probs
+                   + gent[..., None] * probs * ((lz - en)[..., None] - logits))
+        draw = (dlogits * inv_t).astype(cd)
+        dh = jnp.einsum("bcv,dv->bcd", draw, w_cd, preferred_element_type=jnp.float32)
+        b, c, v = draw.shape
+        dw = dw + transposed_dot(h.reshape(b * c, -1), draw.reshape(b * c, v))
+        return (dw, dinv + jnp.sum(dlogits * logits) / inv_t), dh.astype(h.dtype)
+
+    init = (jnp.zeros(w.shape, jnp.float32), jnp.zeros((), jnp.float32))
+    (dw, dinv), dhs = jax.lax.scan(one, init, (hs, ts, logz, ent, g_lp, g_ent, saved))
+    return dhs, None, dw.astype(w.dtype), dinv.astype(jnp.result_type(inv_t))
+
+
+_head.defvjp(_head_fwd, _head_bwd)
+
+
 def _chunked_logprobs(hidden: jax.Array, targets: jax.Array, head_kernel: jax.Array,
                       temperature, chunk: int):
-    """hidden [B, N, D], targets i32[B, N] -> (logprobs f32[B, N], entropy f32[B, N])."""
+    """hidden [B, N, D], targets i32[B, N] -> (logprobs f32[B, N], entropy f32[B, N]).
+
+    A custom VJP (`_head`) instead of ``jax.checkpoint`` around autodiff: the
+    backward pass recomputes a block's logits once and forms d/dlogits in one
+    elementwise pass (autodiff's gather gradient was a scatter into
+    [B, c, V] plus layout copies), and accumulates the head's gradient in the
+    same loop."""
     b, n, d = hidden.shape
-    c = max(1, min(chunk, n))
+    save = b * n * head_kernel.shape[-1] * 4 <= SAVE_LOGITS_MAX_BYTES
+    c = max(1, n if save else min(chunk, n))
     pad = (-n) % c
     if pad:
         hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
@@ -37,18 +118,7 @@ def _chunked_logprobs(hidden: jax.Array, targets: jax.Array, head_kernel: jax.Ar
     hs = hidden.reshape(b, nc, c, d).swapaxes(0, 1)
     ts = targets.reshape(b, nc, c).swapaxes(0, 1)
     inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
-
-    @jax.checkpoint
-    def one(args):
-        h, t = args
-        logits = jnp.einsum("bcd,dv->bcv", h.astype(jnp.float32), head_kernel) * inv_t
-        logz = jax.nn.logsumexp(logits, axis=-1)
-        picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
-        probs = jnp.exp(logits - logz[..., None])
-        entropy = logz - jnp.sum(probs * logits, axis=-1)
-        return picked - logz, entropy
-
-    lp, ent = jax.lax.map(one, (hs, ts))
+    lp, ent = _head(save, hs, ts, head_kernel.astype(jnp.float32), inv_t)
     lp = lp.swapaxes(0, 1).reshape(b, nc * c)[:, :n]
     ent = ent.swapaxes(0, 1).reshape(b, nc * c)[:, :n]
     return lp, ent

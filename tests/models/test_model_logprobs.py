@@ -141,3 +141,55 @@ def test_memory_options_same_values_and_gradients(model, tokens):
     np.testing.assert_allclose(l1, l2, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_and_temperature_gradients_match_autodiff(model, tokens):
+    """The head's custom VJP against autodiff through full logits: a loss
+    mixing log-probs and entropies with per-token weights, differentiated
+    w.r.t. every parameter and a traced temperature."""
+    graphdef, state = nnx.split(model)
+    w_lp, w_ent = jax.random.normal(jax.random.key(5), (2,) + tokens.shape)
+
+    def chunked(state, temp):
+        lp, ent = token_logprobs_and_entropy(nnx.merge(graphdef, state), tokens,
+                                             temperature=temp, chunk=5)
+        return jnp.sum(w_lp * lp + w_ent * ent)
+
+    def full(state, temp):
+        logp = jax.nn.log_softmax(nnx.merge(graphdef, state)(tokens) / temp, -1)[:, :-1]
+        lp = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
+        ent = -jnp.sum(jnp.exp(logp) * logp, -1)
+        return jnp.sum(w_lp[:, 1:] * lp + w_ent[:, 1:] * ent)
+
+    temp = jnp.float32(0.7)
+    (l1, (g1, t1)), (l2, (g2, t2)) = (
+        jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(state, temp) for f in (chunked, full))
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    np.testing.assert_allclose(t1, t2, rtol=1e-4)
+    assert abs(float(t2)) > 1e-3  # the temperature gradient is not trivially zero
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+def test_head_under_mixed_precision():
+    """bf16 hidden states: the log-probs are those of the f32 head on the same
+    (bf16-valued) hidden states, bit for bit; the backward products run in
+    bf16 with f32 accumulation, so the gradients are within bf16 rounding of
+    the f32 ones; the hidden gradient comes back in bf16, the kernel's in f32."""
+    from sao.models.logprobs import _chunked_logprobs
+    hidden = jax.random.normal(jax.random.key(0), (2, 6, 8)).astype(jnp.bfloat16)
+    kernel = jax.random.normal(jax.random.key(1), (8, 11))
+    targets = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % 11
+
+    def loss(h, k):
+        lp, ent = _chunked_logprobs(h, targets, k, 0.8, 4)
+        return lp.sum() + 0.3 * ent.sum(), lp
+
+    (_, lp16), (gh, gk) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(hidden, kernel)
+    (_, lp32), (gh32, gk32) = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(
+        hidden.astype(jnp.float32), kernel)
+    np.testing.assert_array_equal(lp16, lp32)
+    assert gh.dtype == jnp.bfloat16 and gk.dtype == jnp.float32
+    np.testing.assert_allclose(gk, gk32, rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(gk32))))
+    np.testing.assert_allclose(gh.astype(jnp.float32), gh32, rtol=2e-2,
+                               atol=2e-2 * float(jnp.max(jnp.abs(gh32))))
