@@ -193,7 +193,8 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
         metrics, so the device work is done), ``publish`` (publish + push),
         ``eval``, ``checkpoint``, ``log`` (fleet snapshot, records, progress).
         Each step's record also holds its parts up to the record's writing as
-        ``time/<part>_s`` and their sum as ``time/step_s``.
+        ``time/<part>_s`` (wall) and ``time/<part>_cpu_s`` (this process's CPU),
+        and the wall sum as ``time/step_s``.
     ``counts`` = ``{"trajectories": used, "dropped": dropped by the fleet}``.
     Raises TimeoutError when no batch arrives within ``loop.batch_timeout_s``.
     """
@@ -236,6 +237,7 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
             with lap.part("checkpoint"):
                 hooks.checkpoint(states, step + 1)
         metrics.update({f"time/{k}_s": v for k, v in lap.totals.items()})
+        metrics.update({f"time/{k}_cpu_s": v for k, v in lap.cpu.items()})
         metrics["time/step_s"] = sum(lap.totals.values())
         with lap.part("log"):
             hooks.write(step + 1, metrics)

@@ -14,10 +14,13 @@ printed at the end of a run::
     time/rl/log_s (metric records, progress), time/rl/other_s (the rest of time/rl_s)
     time/eval_s             every held-out evaluation (before, during and after RL)
     time/<part>_frac        the part's share of wall_s
+    time/<part>_cpu_s       CPU seconds of the learner process (all its threads) in the part
 
 plus ``time/startup_s`` (process start to the first phase: imports, starting
 the rollout workers) and the CPU seconds of the learner process and of its
-child processes (the local workers), for comparing runs on a loaded machine.
+child processes (the local workers). On a shared, loaded machine wall times
+follow the load; CPU seconds compare runs (the ``_cpu_s`` keys and the
+table's CPU column).
 
 A part's timer stops when its host code returns: parts that run device work
 must end with a host transfer of their outputs (``Learner.update`` fetches its
@@ -39,37 +42,45 @@ RL_PARTS = ("update", "wait_fleet", "publish", "eval", "checkpoint", "batch", "l
 
 
 class Stopwatch:
-    """Total wall seconds per named part.
+    """Total wall seconds and process CPU seconds per named part.
 
-    ``with watch.part("update"): ...`` adds the block's duration (also when it
-    raises); ``add(name, seconds)`` adds a measured duration (ValueError if
-    negative); ``totals`` maps part → seconds, in first-seen order.
+    ``with watch.part("update"): ...`` adds the block's wall duration
+    (``time.perf_counter``) and this process's CPU time over it
+    (``time.process_time``: every thread), also when it raises;
+    ``add(name, seconds, cpu_seconds)`` adds measured durations (ValueError if
+    negative). ``totals`` / ``cpu`` map part → seconds, in first-seen order.
     """
 
     def __init__(self):
         self.totals: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - start)
+            self.add(name, time.perf_counter() - start, max(0.0, time.process_time() - cpu))
 
-    def add(self, name: str, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"negative duration {seconds} for {name!r}")
+    def add(self, name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
+        if seconds < 0 or cpu_seconds < 0:
+            raise ValueError(f"negative duration {seconds} / {cpu_seconds} for {name!r}")
         self.totals[name] = self.totals.get(name, 0.0) + seconds
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu_seconds
 
     def merge(self, other: "Stopwatch") -> None:
         """Adds ``other``'s totals to this one's."""
         for name, seconds in other.totals.items():
-            self.add(name, seconds)
+            self.add(name, seconds, other.cpu.get(name, 0.0))
 
     def get(self, name: str) -> float:
-        """Seconds of ``name`` (0.0 if never timed)."""
+        """Wall seconds of ``name`` (0.0 if never timed)."""
         return self.totals.get(name, 0.0)
+
+    def get_cpu(self, name: str) -> float:
+        """CPU seconds of ``name`` (0.0 if never timed)."""
+        return self.cpu.get(name, 0.0)
 
 
 def startup_s() -> float:
@@ -88,29 +99,37 @@ def cpu_s() -> tuple[float, float]:
     return own, children
 
 
-def breakdown(phases: Stopwatch, rl: Stopwatch, *, wall_s: float) -> dict[str, float]:
-    """The ``time/...`` summary keys (module doc) of a learner process that ran ``wall_s`` seconds.
+def breakdown(phases: Stopwatch, rl: Stopwatch, *, wall_s: float,
+              cpu_s: float | None = None) -> dict[str, float]:
+    """The ``time/...`` summary keys (module doc) of a learner process that ran ``wall_s`` seconds
+    using ``cpu_s`` CPU seconds (None: no ``_cpu_s`` keys).
 
     ``phases`` holds :data:`PHASES` (``setup`` is filled in as the rest of
-    ``wall_s``), ``rl`` the RL loop's :data:`RL_PARTS`. Seconds and fractions
-    rounded to 0.1 s / 0.001. Raises ValueError if ``wall_s`` <= 0 or the
-    timed phases exceed it by more than 1%.
+    ``wall_s`` / ``cpu_s``), ``rl`` the RL loop's :data:`RL_PARTS`. Seconds and
+    fractions rounded to 0.1 s / 0.001. Raises ValueError if ``wall_s`` <= 0 or
+    the timed phases exceed it by more than 1%.
     """
     if wall_s <= 0:
         raise ValueError(f"wall_s must be > 0, got {wall_s}")
     timed = sum(phases.get(p) for p in PHASES if p != "setup")
     if timed > wall_s * 1.01:
         raise ValueError(f"timed phases ({timed:.1f} s) exceed the wall time ({wall_s:.1f} s)")
-    seconds = {p: phases.get(p) for p in PHASES if p != "setup"}
-    seconds["setup"] = max(0.0, wall_s - timed)
-    for p in ("value_pretrain/sample", "value_pretrain/fit"):
-        seconds[p] = phases.get(p)
-    for p in RL_PARTS:
-        seconds[f"rl/{p}"] = rl.get(p)
-    seconds["rl/other"] = max(0.0, phases.get("rl") - sum(rl.get(p) for p in RL_PARTS))
-    seconds["eval"] = phases.get("eval_before") + rl.get("eval") + phases.get("eval_after")
-    out = {f"time/{k}_s": round(v, 1) for k, v in seconds.items()}
-    out.update({f"time/{k}_frac": round(v / wall_s, 3) for k, v in seconds.items()})
+    out: dict[str, float] = {}
+    for suffix, get, total in (("_s", "get", wall_s), ("_cpu_s", "get_cpu", cpu_s)):
+        if total is None:
+            continue
+        ph, lo = getattr(phases, get), getattr(rl, get)
+        seconds = {p: ph(p) for p in PHASES if p != "setup"}
+        seconds["setup"] = max(0.0, total - sum(seconds.values()))
+        for p in ("value_pretrain/sample", "value_pretrain/fit"):
+            seconds[p] = ph(p)
+        for p in RL_PARTS:
+            seconds[f"rl/{p}"] = lo(p)
+        seconds["rl/other"] = max(0.0, ph("rl") - sum(lo(p) for p in RL_PARTS))
+        seconds["eval"] = ph("eval_before") + lo("eval") + ph("eval_after")
+        out.update({f"time/{k}{suffix}": round(v, 1) for k, v in seconds.items()})
+        if suffix == "_s":
+            out.update({f"time/{k}_frac": round(v / wall_s, 3) for k, v in seconds.items()})
     return out
 
 
@@ -131,13 +150,17 @@ def table(summary: Mapping[str, float]) -> Table:
     t.add_column("part")
     t.add_column("seconds", justify="right")
     t.add_column("share", justify="right")
+    t.add_column("CPU s", justify="right")
     for key, label in _ROWS:
         if f"time/{key}_s" in summary:
+            cpu = summary.get(f"time/{key}_cpu_s")
             t.add_row(label, f"{summary[f'time/{key}_s']:.1f}",
-                      f"{100 * summary[f'time/{key}_frac']:.1f}%")
-    for key, label in (("time/startup_s", "before the first phase (imports, workers start)"),
-                       ("time/learner_cpu_s", "CPU: learner process"),
-                       ("time/workers_cpu_s", "CPU: rollout worker processes")):
+                      f"{100 * summary[f'time/{key}_frac']:.1f}%", "" if cpu is None else f"{cpu:.1f}")
+    if "time/startup_s" in summary:
+        t.add_row("before the first phase (imports, workers start)", f"{summary['time/startup_s']:.1f}",
+                  "", "")
+    for key, label in (("time/learner_cpu_s", "learner process, from its start"),
+                       ("time/workers_cpu_s", "rollout worker processes, from their start")):
         if key in summary:
-            t.add_row(label, f"{summary[key]:.1f}", "")
+            t.add_row(label, "", "", f"{summary[key]:.1f}")
     return t

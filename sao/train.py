@@ -86,7 +86,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
                          "with one process first, or start from its weights (model.init)")
     if cfg.run.record_batches and storage.is_remote(workdir):
         raise ValueError("run.record_batches writes replay.bin into a local work dir only")
-    t0, startup_s = time.perf_counter(), timing.startup_s()
+    t0, cpu0, startup_s = time.perf_counter(), time.process_time(), timing.startup_s()
     clock, rl_clock = timing.Stopwatch(), timing.Stopwatch()   # phases; parts of the RL steps
     storage.makedirs(workdir)
     if lead:                                                # the resolved config, for analysis tools
@@ -193,7 +193,8 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
             f"(policy versions), reward per phase {summary['drift']['phase_reward']}")
     wall_s = time.perf_counter() - t0
     learner_cpu_s, workers_cpu_s = timing.cpu_s()
-    summary.update({"wall_s": round(wall_s, 1), **timing.breakdown(clock, rl_clock, wall_s=wall_s),
+    summary.update({"wall_s": round(wall_s, 1), **timing.breakdown(
+                        clock, rl_clock, wall_s=wall_s, cpu_s=time.process_time() - cpu0),
                     "time/startup_s": round(startup_s, 1), "time/learner_cpu_s": round(learner_cpu_s, 1),
                     "time/workers_cpu_s": round(workers_cpu_s, 1)})
     run_metrics.write_json(storage.join(workdir, run_metrics.SUMMARY_FILE), summary)

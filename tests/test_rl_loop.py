@@ -130,5 +130,6 @@ def test_loop_times_its_parts():
     assert timer.get("eval") >= 2 * 0.04 and timer.get("checkpoint") == 0.0
     for m in records:
         assert m["time/update_s"] >= 0.03 and m["time/wait_fleet_s"] >= 0.02
+        assert 0.0 <= m["time/update_cpu_s"] < m["time/update_s"]   # the fake learner sleeps
         parts = sum(m[f"time/{p}_s"] for p in timing.RL_PARTS if f"time/{p}_s" in m)
         assert m["time/step_s"] == pytest.approx(parts)
