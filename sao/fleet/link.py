@@ -116,7 +116,8 @@ class WorkerLink:
 
     def update_weights(self, version: int, uri: str) -> sao_pb2.UpdateWeightsResponse:
         """Blocking ``UpdateWeights``; RPC failures come back as a not-ok value
-        (and count towards ``max_weight_failures``)."""
+        (and count towards ``max_weight_failures``); a session that ends during
+        the call comes back as not-ok ``"link closed"`` and counts for nothing."""
         stub = self._stub
         if stub is None:
             return sao_pb2.UpdateWeightsResponse(ok=False, version=-1, error="not connected")
@@ -126,6 +127,9 @@ class WorkerLink:
         except grpc.RpcError as e:
             r = sao_pb2.UpdateWeightsResponse(ok=False, version=-1,
                                               error=f"{e.code().name}: {e.details()}")
+        except ValueError:  # the session ended (its channel closed) while we called:
+            # not the worker's failure; the next session syncs the weights first
+            return sao_pb2.UpdateWeightsResponse(ok=False, version=-1, error="link closed")
         self._weights_result(r)
         return r
 

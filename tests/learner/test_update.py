@@ -93,6 +93,9 @@ def test_nonfinite_batch_skips_both_updates(learner):
 
 
 def test_bounded_recompiles(learner):
+    # The learner is shared with other modules (tests/analysis calls critic_values
+    # directly): count the variants this test's batches add, one per bucket at most.
+    before = learner.compiled_sizes()
     rng = np.random.default_rng(1)
     states = learner.init_states()
     for n, hi in [(3, 8), (4, 16), (2, 12), (4, 6), (1, 16)]:
@@ -100,9 +103,9 @@ def test_bounded_recompiles(learner):
                                  buckets=CFG.length_buckets, batch_size=4, pad_id=256)
         states, m = learner.update(states, batch)
         assert np.isfinite(m["critic/value_loss"])
-    sizes = learner.compiled_sizes()
-    assert sizes["actor_step"] <= 2 and sizes["critic_step"] <= 2, sizes
-    assert sizes["critic_values"] <= 2, sizes
+    after = learner.compiled_sizes()
+    added = {k: after[k] - before[k] for k in after}
+    assert all(n <= len(CFG.length_buckets) for n in added.values()), (before, after)
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
