@@ -20,19 +20,30 @@ from flax import nnx
 
 from sao.models.config import ModelConfig
 from sao.models.layers import Dense, RMSNorm, rope
+from sao.models.mixed import mixed_einsum
 from sao.models.sharding import constrain
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] -> [B, T, H, hd]."""
+    """q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] -> [B, T, H, hd].
+
+    Below float32 (mixed precision) both products are `mixed_einsum`s: bf16
+    operands, f32 accumulation, f32 scores, bf16 probabilities and output."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
     q = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    mixed = q.dtype != jnp.float32
+    if mixed:
+        scores = mixed_einsum("btkgd,bskd->bkgts", q, k, jnp.float32)
+    else:
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * (hd ** -0.5)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    if mixed:
+        out = mixed_einsum("bkgts,bskd->btkgd", probs, v)
+    else:
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 

@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from sao.models.layers import transposed_dot
+from sao.models.mixed import transposed_dot
 
 DEFAULT_CHUNK = 128
 # The backward pass reuses the forward's f32 logits when all of them take at

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 from sao.models import Transformer, get_preset, token_logprobs
-from sao.models.layers import Dense, mixed_einsum
+from sao.models.layers import Dense
+from sao.models.mixed import mixed_einsum
 
 BF16 = jnp.bfloat16
 
