@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from sao import config_checks
 from sao.learner.config import experiment_groups
 
 # Full-scale batch of the paper's main run (Qwen3-30B-A3B, math with a Python tool).
@@ -255,12 +256,8 @@ def finalize(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
     Raises ValueError on inconsistent settings.
     """
-    c.learner.pad_id = 256 if c.model.tokenizer == "byte" else c.learner.pad_id
-    if max(c.learner.length_buckets) < c.rollout.max_len:
-        raise ValueError(f"{c.name}: largest length bucket {max(c.learner.length_buckets)} < "
-                         f"rollout.max_len {c.rollout.max_len}")
-    if c.learner.advantage_estimator == "grpo" and c.rollout.group_size < 2:
-        raise ValueError(f"{c.name}: GRPO needs rollout.group_size >= 2")
+    c.learner.pad_id = config_checks.BYTE_PAD_ID if c.model.tokenizer == "byte" else c.learner.pad_id
+    config_checks.check(c)   # sao.main checks again after --config.* overrides
     c.lock()
     return c
 

@@ -46,6 +46,20 @@ def sao_main(config: str, workdir: str, role: str, *, python: str = "python",
     return tuple(argv) + tuple(extra)
 
 
+def check_config(args) -> None:
+    """Loads ``--config`` with its ``--set`` overrides as ``sao.main`` will and checks it
+    (``sao.config_checks``, paths on other machines not looked up), so that a typo fails
+    here, on ``--dry-run`` too, not on the cluster. Raises SystemExit with the reason."""
+    from absl import flags
+
+    from sao import config_checks
+    from sao.analysis import experiment_config
+    try:
+        config_checks.check(experiment_config(args.config, args.set), local_paths=False)
+    except (ValueError, KeyError, AttributeError, FileNotFoundError, flags.Error) as e:
+        raise SystemExit(f"--config {args.config} {' '.join(args.set)}: {e}") from None
+
+
 def print_steps(steps: Sequence[Step], out=None) -> None:
     out = out or sys.stdout
     for s in steps:

@@ -26,7 +26,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import fleet_token  # noqa: E402
-from launch.common import (Step, add_common_flags, expandable, print_steps, run_steps,  # noqa: E402
+from launch.common import (Step, add_common_flags, check_config, expandable, print_steps, run_steps,  # noqa: E402
                            sao_main)
 from launch.mesh_check import learner_mesh  # noqa: E402
 
@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if min(args.learner_nodes, args.fleet_nodes, args.gpus_per_node) < 1:
         parser.error("node and GPU counts must be >= 1")
+    check_config(args)
     gpus = args.learner_nodes * args.gpus_per_node
     learner_mesh(args.config, args.set, gpus,
                  f"{args.learner_nodes} learner nodes x {args.gpus_per_node} GPUs")

@@ -17,7 +17,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import fleet_token  # noqa: E402
-from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
+from launch.common import Step, add_common_flags, check_config, dry_run_or_run, sao_main  # noqa: E402
 
 
 def build(args) -> list[Step]:
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    check_config(args)
     return dry_run_or_run(build(args), args.dry_run)
 
 

@@ -29,7 +29,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import fleet_token  # noqa: E402
-from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
+from launch.common import Step, add_common_flags, check_config, dry_run_or_run, sao_main  # noqa: E402
 from sao.rollout.sglang_server import JAX_CPU_ARGS, TORCH_CPU_ARGS  # noqa: E402
 
 SERVER_MODULES = {"torch": "sglang.launch_server", "jax": "sgl_jax.launch_server"}
@@ -116,6 +116,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.servers < 1 or args.tp < 1:
         parser.error("--servers and --tp must be >= 1")
+    check_config(args)
     return dry_run_or_run(build(args), args.dry_run, stop_background=args.learner)
 
 

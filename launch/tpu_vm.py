@@ -39,7 +39,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from launch import fleet_token  # noqa: E402
-from launch.common import Step, add_common_flags, dry_run_or_run, sao_main  # noqa: E402
+from launch.common import Step, add_common_flags, check_config, dry_run_or_run, sao_main  # noqa: E402
 from launch.mesh_check import learner_mesh  # noqa: E402
 
 CHIPS_PER_HOST = 4          # v4 / v5p hosts have 4 chips
@@ -175,6 +175,7 @@ def main(argv=None) -> int:
         bucket_path(args.workdir)
     except ValueError as e:
         parser.error(str(e))
+    check_config(args)
     chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
     learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
     return dry_run_or_run(build(args), args.dry_run)

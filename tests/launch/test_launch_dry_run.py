@@ -207,3 +207,21 @@ def test_launchers_make_the_token_first_and_pass_its_path_never_the_token(tmp_pa
     learner = lines[-1]
     assert "rollout.tls_ca=$HOME/.sao/ca.pem" in learner and "tls_key" not in learner
     assert all("rollout.tls_key=$HOME/.sao/key.pem" in l for l in lines if "sglang_fleet.py" in l)
+
+
+def test_dry_run_loads_and_checks_the_config():
+    """A typo in --config or --set fails on --dry-run, with the reason, before anything is printed."""
+    for script, extra in [("local.py", ("--workdir=/tmp/x",)),
+                          ("sglang_fleet.py", ("--workdir=/tmp/x", "--model=/m")),
+                          ("gpu_slurm.py", ("--workdir=/tmp/x",)), ("tpu_vm.py", ("--workdir=gs://b/x",))]:
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script),
+                              "--config=experiments/quickstart.py", *extra,
+                              "--set", "rollout.max_len=4096", "--dry-run"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert out.returncode != 0 and out.stdout == "", (script, out.stdout)
+        assert "rollout.max_len 4096" in out.stderr, (script, out.stderr[-2000:])
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "local.py"),
+                          "--config=experiments/quickstart.py", "--workdir=/tmp/x",
+                          "--set", "learner.no_such_key=1", "--dry-run"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode != 0 and "no_such_key" in out.stderr, out.stderr[-2000:]

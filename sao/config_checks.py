@@ -1,0 +1,52 @@
+"""Consistency checks of a run's resolved config, after every ``--config.*`` override.
+
+An experiment file's ``get_config`` checks its own values (``experiments.common.finalize``
+calls `check`), but ``--config.learner.length_buckets=...`` and the like are applied by
+ml_collections *after* ``get_config`` returns. `sao.main` therefore calls `check` again
+on the config it is handed, before any worker starts or any file is written, so a bad
+override fails at once with a reason instead of as a worker that "did not start" or a
+shape error minutes into the run.
+"""
+from __future__ import annotations
+
+import os
+
+from sao import storage
+from sao.models.config import PRESETS
+
+BYTE_PAD_ID = 256   # the byte tokenizer's pad id (sao.models.tokenizer.ByteTokenizer)
+
+
+def problems(cfg, *, local_paths: bool = True) -> list[str]:
+    """Every inconsistency of ``cfg`` (an experiment ConfigDict), as readable sentences.
+
+    Checked: the largest ``learner.length_buckets`` holds ``rollout.max_len`` tokens;
+    GRPO (``learner.advantage_estimator="grpo"``) has ``rollout.group_size >= 2``; the
+    byte tokenizer pads with id 256; ``model.preset`` is known when no ``model.init`` is
+    given; with ``local_paths`` a local ``model.init`` exists on this machine (the
+    launchers check configs for other machines and pass False).
+    """
+    out = []
+    buckets = tuple(cfg.learner.length_buckets)
+    if not buckets or max(buckets) < cfg.rollout.max_len:
+        out.append(f"largest learner.length_buckets {max(buckets, default=0)} < rollout.max_len "
+                   f"{cfg.rollout.max_len}: episodes of rollout.max_len tokens would not fit")
+    if cfg.learner.advantage_estimator == "grpo" and cfg.rollout.group_size < 2:
+        out.append(f"GRPO needs rollout.group_size >= 2 (got {cfg.rollout.group_size})")
+    if cfg.model.tokenizer == "byte" and cfg.learner.pad_id != BYTE_PAD_ID:
+        out.append(f"model.tokenizer='byte' pads with id {BYTE_PAD_ID}; learner.pad_id is "
+                   f"{cfg.learner.pad_id}")
+    if not cfg.model.init and cfg.model.preset not in PRESETS:
+        out.append(f"unknown model.preset {cfg.model.preset!r}; known: {', '.join(PRESETS)}")
+    init = cfg.model.init
+    if local_paths and init and not storage.is_remote(init) and not os.path.exists(init):
+        out.append(f"model.init {init}: no such file or directory")
+    return out
+
+
+def check(cfg, *, local_paths: bool = True) -> None:
+    """Raises ValueError listing every problem `problems` finds (the config's name first)."""
+    found = problems(cfg, local_paths=local_paths)
+    if found:
+        name = cfg.get("name", "config")
+        raise ValueError(f"{name}: " + "; ".join(found))
