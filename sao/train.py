@@ -40,6 +40,11 @@ in this order:
   checkpoint), then the restored version is published (with its HF export
   when ``checkpoint.hf_export``) and pushed to the
   workers before the first lease; RL continues at the checkpoint's step.
+
+A run whose ``summary.json`` and latest checkpoint both stand at ``run.steps``
+is finished: a rerun (`finished_summary`) prints that summary and changes
+nothing, without starting workers or evaluating again; raise ``run.steps`` to
+continue it.
 """
 from __future__ import annotations
 
@@ -384,6 +389,28 @@ def drift_adaptation(cfg, workdir: str) -> dict:
     return drift_summary(rl, tuple(cfg.env.drift_schedule),
                          recovery_fraction=cfg.env.drift_recovery_fraction,
                          window=cfg.env.drift_recovery_window)
+
+
+def finished_summary(cfg, workdir: str) -> dict | None:
+    """The summary of a finished run in ``workdir``, else None.
+
+    Finished: ``summary.json`` reports ``run.steps`` steps and the latest
+    checkpoint is step ``run.steps`` (a run extended with a larger
+    ``run.steps``, or one that crashed after its summary, is not finished).
+    Reads files only; every process of a job decides the same from the same
+    workdir.
+    """
+    summary = read_json(storage.join(workdir, run_metrics.SUMMARY_FILE))
+    if summary is None or summary.get("steps") != cfg.run.steps:
+        return None
+    ckpt_dir = storage.join(workdir, "ckpt")
+    if not storage.exists(ckpt_dir):
+        return None
+    checkpointer = ckpt.Checkpointer(ckpt_dir, max_to_keep=cfg.checkpoint.keep)
+    try:
+        return summary if checkpointer.latest_step() == cfg.run.steps else None
+    finally:
+        checkpointer.close()
 
 
 def read_json(path: str) -> dict | None:

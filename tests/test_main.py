@@ -23,6 +23,21 @@ def test_config_argv_is_forwarded_to_workers():
                                            "--config.seed", "2"]
 
 
+def test_compilation_cache_defaults_to_the_sao_cache_dir(monkeypatch, tmp_path):
+    import jax
+    before = jax.config.jax_compilation_cache_dir
+    try:
+        monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")          # set, even empty: left alone
+        assert sao_main._use_compilation_cache() == ""
+        assert jax.config.jax_compilation_cache_dir == before
+        monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        monkeypatch.setenv("SAO_CACHE_DIR", str(tmp_path))
+        assert sao_main._use_compilation_cache() == str(tmp_path / "jax")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+
+
 @pytest.mark.slow
 def test_tiny_run_end_to_end_and_resume():
     workdir, proc = tiny_run()
@@ -38,6 +53,8 @@ def test_tiny_run_end_to_end_and_resume():
     # the RL parts fit in the RL phase (each rounded to 0.1 s).
     for key in [f"time/{p}_s" for p in timing.PHASES] + [f"time/rl/{p}_s" for p in timing.RL_PARTS]:
         assert summary[key] >= 0.0 and 0.0 <= summary[key[:-2] + "_frac"] <= 1.0, key
+        assert summary[key[:-2] + "_cpu_s"] >= 0.0, key
+    assert summary["time/sft_cpu_s"] > 0 and summary["time/rl/update_cpu_s"] > 0
     assert summary["time/sft_s"] > 0 and summary["time/rl/update_s"] > 0
     assert summary["time/rl/wait_fleet_s"] > 0
     phases = sum(summary[f"time/{p}_s"] for p in timing.PHASES)
@@ -47,7 +64,7 @@ def test_tiny_run_end_to_end_and_resume():
     assert summary["time/eval_s"] >= summary["time/eval_before_s"] + summary["time/eval_after_s"] - 0.1
     assert summary["time/startup_s"] > 0 and summary["time/learner_cpu_s"] > 0
     assert summary["time/workers_cpu_s"] > 0                  # the two local workers, still running
-    assert "Where the" in proc.stdout and "waiting for the fleet" in proc.stdout
+    assert "Where the" in proc.stdout and "waiting for the fleet" in proc.stdout and "CPU s" in proc.stdout
     # The resolved config, for analysis tools: the quick start with the run's flags.
     cfg = experiment_config(os.path.join(ROOT, "experiments", "quickstart.py"),
                             [*TINY, "--config.run.steps=2"])
@@ -74,3 +91,15 @@ def test_tiny_run_end_to_end_and_resume():
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["steps"] == 3 and summary["trajectories"] == 24
     assert [r["step"] for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]
+
+    # The same command again: the run is finished, nothing is evaluated or rewritten.
+    with open(os.path.join(workdir, "summary.json"), "rb") as f:
+        summary_bytes = f.read()
+    n_records = len(run_metrics.read_metrics(workdir))
+    proc = run_main(workdir, 3)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "finished its 3 steps; summary.json unchanged" in proc.stdout
+    assert "SAO run summary" in proc.stdout and "held-out pass@1" not in proc.stdout
+    with open(os.path.join(workdir, "summary.json"), "rb") as f:
+        assert f.read() == summary_bytes
+    assert len(run_metrics.read_metrics(workdir)) == n_records
