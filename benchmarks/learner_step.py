@@ -10,9 +10,12 @@ embeddings), in one run and on the same random weights and tokens:
 * ours, ``jax.jit(jax.value_and_grad(loss))`` where ``loss`` is next-token
   cross-entropy from `sao.models.token_logprobs` (the learner's path: float32
   head and log-softmax, chunked over time), gradients w.r.t. every parameter
-  (float32), in two precisions: ``f32`` (compute dtype float32) and ``mixed``
+  (float32), in three precisions: ``f32`` (compute dtype float32), ``mixed``
   (float32 parameters, bfloat16 compute: the model config's
-  ``dtype="bfloat16"``; head and log-softmax stay float32);
+  ``dtype="bfloat16"``; head and log-softmax stay float32) and
+  ``mixed_bf16head`` (as ``mixed`` with ``head_dtype="bfloat16"``: the head
+  matmul takes bf16 operands, accumulates and returns f32 logits; the
+  log-softmax stays float32);
 * reference: the same weights exported with `sao.models.save_pretrained`,
   loaded by ``transformers`` (float32 parameters, default SDPA attention),
   ``loss = cross_entropy(logits[:, :-1], tokens[:, 1:])`` then
@@ -27,8 +30,10 @@ from median step times. ``ratio`` is the headline: the median over rounds of
 (reference's best setting step time / our best precision's step time), where
 "best" is the lowest median (> 1: ours faster); ``ratio_f32`` compares ours
 in f32 with the reference's best f32 setting, ``ratio_mixed`` ours mixed
-with its best bf16-autocast setting, ``ratio_f32_head`` ours with the
-reference's best setting whose LM head runs in f32 as ours does, and
+with its best bf16-autocast setting, ``ratio_bf16_head`` ours
+mixed_bf16head with the same (both heads take bf16 operands),
+``ratio_f32_head`` our best with an f32 head with the reference's best
+setting whose LM head runs in f32, and
 ``cpu_ratio`` the headline by process CPU time (steadier than wall time on a
 shared machine). Every variant's loss is printed (f32 ones agree to ~1e-6;
 bf16 ones within ~1e-4 relative). The CPU model and its bf16/AMX flags, the
@@ -57,14 +62,16 @@ CONFIGS = {
                         num_heads=8, num_kv_heads=4, head_dim=64, intermediate_size=1536,
                         rope_theta=10_000.0, tie_word_embeddings=True), 4, 256),
 }
-PRECISIONS = {"f32": "float32", "mixed": "bfloat16"}
+# ours: name -> (compute dtype, LM head operand dtype); logits and log-softmax are f32 in all.
+PRECISIONS = {"f32": ("float32", "float32"), "mixed": ("bfloat16", "float32"),
+              "mixed_bf16head": ("bfloat16", "bfloat16")}
 TORCH_PRECISIONS = ("f32", "bf16", "bf16_f32head")
 
 
-def ours_step(model, tokens: np.ndarray, dtype: str = "float32"):
+def ours_step(model, tokens: np.ndarray, dtype: str = "float32", head_dtype: str = "float32"):
     """A callable running one jitted forward+backward of ``model``'s weights
-    with compute dtype ``dtype``; returns the loss."""
-    cfg = model.cfg.replace(dtype=dtype)
+    with compute dtype ``dtype`` and LM head operands in ``head_dtype``; returns the loss."""
+    cfg = model.cfg.replace(dtype=dtype, head_dtype=head_dtype)
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     params = nnx.state(model)
 
@@ -154,7 +161,7 @@ def bench(name: str, repeats: int, batch: int | None, length: int | None,
     b, t = batch or b, length or t
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (b, t))
-    ours = {p: ours_step(model, tokens, dt) for p, dt in PRECISIONS.items()}
+    ours = {p: ours_step(model, tokens, *dts) for p, dts in PRECISIONS.items()}
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, cfg, d)
         refs = {f"{p}_threads_{n}": reference_step(d, tokens, n, p)
@@ -174,6 +181,7 @@ def bench(name: str, repeats: int, batch: int | None, length: int | None,
     ref_bf16 = {k: v for k, v in ref_t.items() if k.startswith("bf16_threads")}
     ref_f32head = {k: v for k, v in ref_t.items() if not k.startswith("bf16_threads")}
     best_ours, best_ref = _best(ours_t), _best(ref_t)
+    best_f32head_ours = _best({k: ours_t[k] for k in ("f32", "mixed")})
     best_f32, best_bf16, best_f32head = _best(ref_f32), _best(ref_bf16), _best(ref_f32head)
     res = {"params": cfg.num_params(), "batch": b, "length": t,
            "tokens_per_s": {k: round(n_tok / statistics.median(v), 1) for k, v in times.items()},
@@ -183,14 +191,16 @@ def bench(name: str, repeats: int, batch: int | None, length: int | None,
            "ratio": _ratio(ref_t[best_ref], ours_t[best_ours]),
            "ratio_f32": _ratio(ref_f32[best_f32], ours_t["f32"]),
            "ratio_mixed": _ratio(ref_bf16[best_bf16], ours_t["mixed"]),
-           "ratio_f32_head": _ratio(ref_f32head[best_f32head], ours_t[best_ours]),
+           "ratio_f32_head": _ratio(ref_f32head[best_f32head], ours_t[best_f32head_ours]),
+           "ratio_bf16_head": _ratio(ref_bf16[best_bf16], ours_t["mixed_bf16head"]),
            "cpu_ratio": _ratio(cpu[f"torch_{best_ref}"], cpu[f"ours_{best_ours}"])}
     tps = res["tokens_per_s"]
     print(f"{name}: {res['params'] / 1e6:.2f}M params, {b}x{t} tokens; tokens/s: "
           + ", ".join(f"{k} {v:.0f}" for k, v in tps.items()), flush=True)
     print(f"{name}: ratio (ours {best_ours} vs torch {best_ref}) {res['ratio']:.2f}x, "
           f"f32 vs torch {best_f32} {res['ratio_f32']:.2f}x, mixed vs torch {best_bf16} "
-          f"{res['ratio_mixed']:.2f}x, ours {best_ours} vs torch's best with an f32 head "
+          f"{res['ratio_mixed']:.2f}x, mixed_bf16head vs torch {best_bf16} "
+          f"{res['ratio_bf16_head']:.2f}x, ours {best_f32head_ours} vs torch's best with an f32 head "
           f"{best_f32head} {res['ratio_f32_head']:.2f}x, by process CPU time "
           f"{res['cpu_ratio']:.2f}x; losses {losses}", flush=True)
     return res

@@ -46,7 +46,8 @@ def base() -> ml_collections.ConfigDict:
     m.preset = "qwen3-30b-a3b"            # sao.models.get_preset name
     m.init = ""                           # HF dir / .gguf to start from ("" = preset's random init)
     m.param_dtype = "bfloat16"            # parameter storage dtype
-    m.dtype = "bfloat16"                  # activation dtype (LM head / log-softmax stay f32)
+    m.dtype = "bfloat16"                  # activation dtype (log-softmax stays f32)
+    m.head_dtype = "float32"              # LM head matmul operands, f32 accumulation either way
     m.tokenizer = "hf"                    # "byte" (tiny presets) or "hf" (tokenizer.json next to init)
     m.mesh = ml_collections.ConfigDict()
     m.mesh.data = 1                       # data-parallel axis size

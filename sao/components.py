@@ -74,9 +74,12 @@ def make_policy(cfg, seed: int = 0, mesh=None):
     """
     sharded = mesh is not None and mesh.size > 1
     if cfg.model.init:
-        return from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype,
-                               mesh=mesh if sharded else None)[1]
-    mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype)
+        model = from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype,
+                                mesh=mesh if sharded else None)[1]
+        model.cfg = model.cfg.replace(head_dtype=cfg.model.head_dtype)   # not a checkpoint field
+        return model
+    mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
+                      head_dtype=cfg.model.head_dtype)
     if sharded:
         return create_sharded(lambda: Transformer(mcfg, rngs=nnx.Rngs(seed)), mesh)
     return Transformer(mcfg, rngs=nnx.Rngs(seed))

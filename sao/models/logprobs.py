@@ -4,7 +4,8 @@
 ``tokens[:, :t]`` (logits at ``t - 1``), or the critic's value of the state
 before token ``t`` (value head at ``t - 1``). Column 0 is 0.
 
-The LM head and log-softmax run in float32 whatever the parameter dtype, over
+The LM head (operands in ``ModelConfig.head_dtype``, float32 by default;
+float32 accumulation and logits) and the log-softmax (float32) run over
 chunks of ``chunk`` time steps (`jax.lax.map` + `jax.checkpoint`), so neither
 the forward nor the backward pass holds more than one ``[B, chunk, V]`` block
 of logits. Log-probs are of ``softmax(logits / temperature)``: the sampling
@@ -31,9 +32,15 @@ def _check_temperature(temperature):
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
 
 
-def _chunk_forward(h, t, w, inv_t):
+def _logits(h, w, head_dtype):
+    """h [B, c, D] x w f32[D, V] with ``head_dtype`` operands -> f32[B, c, V]."""
+    hd = jnp.dtype(head_dtype)
+    return jnp.einsum("bcd,dv->bcv", h.astype(hd), w.astype(hd), preferred_element_type=jnp.float32)
+
+
+def _chunk_forward(h, t, w, inv_t, head_dtype):
     """One block: h [B, c, D], t i32[B, c] -> (logits f32[B, c, V], logz, logprobs, entropy)."""
-    logits = jnp.einsum("bcd,dv->bcv", h.astype(jnp.float32), w) * inv_t
+    logits = _logits(h, w, head_dtype) * inv_t
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     shifted = logits - top
     e = jnp.exp(shifted)
@@ -46,24 +53,25 @@ def _chunk_forward(h, t, w, inv_t):
     return logits, logz, picked - logz, entropy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _head(save_logits: bool, hs, ts, w, inv_t):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _head(save_logits: bool, head_dtype: str, hs, ts, w, inv_t):
     """Blocks hs [n, B, c, D], ts i32[n, B, c], w f32[D, V], inv_t f32[] ->
     (logprobs f32[n, B, c], entropy f32[n, B, c]). ``save_logits``: keep every
-    block's logits for the backward pass instead of recomputing them."""
-    return _head_fwd(save_logits, hs, ts, w, inv_t)[0]
+    block's logits for the backward pass instead of recomputing them;
+    ``head_dtype``: the head matmul's operand dtype."""
+    return _head_fwd(save_logits, head_dtype, hs, ts, w, inv_t)[0]
 
 
-def _head_fwd(save_logits, hs, ts, w, inv_t):
+def _head_fwd(save_logits, head_dtype, hs, ts, w, inv_t):
     def one(args):
-        logits, logz, lp, ent = _chunk_forward(*args, w, inv_t)
+        logits, logz, lp, ent = _chunk_forward(*args, w, inv_t, head_dtype)
         return lp, ent, logz, logits if save_logits else None
 
     lp, ent, logz, logits = jax.lax.map(one, (hs, ts))
     return (lp, ent), (hs, ts, w, inv_t, logz, ent, logits)
 
 
-def _head_bwd(save_logits, res, cts):
+def _head_bwd(save_logits, head_dtype, res, cts):
     """Per block, the logits (saved or recomputed in f32) give d/dlogits of
     ``lp = logits[t] - logz`` and ``ent = logz - sum p*logits`` in one pass:
     ``g_lp * (onehot - p) + g_ent * p * (logz - ent - logits)``. The two
@@ -79,7 +87,7 @@ def _head_bwd(save_logits, res, cts):
         dw, dinv = carry
         h, t, lz, en, glp, gent, logits = args
         if logits is None:
-            logits = jnp.einsum("bcd,dv->bcv", h.astype(jnp.float32), w) * inv_t
+            logits = _logits(h, w, head_dtype) * inv_t
         hit = jnp.arange(logits.shape[-1], dtype=t.dtype) == t[..., None]
         probs = jnp.exp(logits - lz[..., None])
         dlogits = (jnp.where(hit, glp[..., None], 0.0) - glp[..., None] * probs
@@ -99,7 +107,7 @@ _head.defvjp(_head_fwd, _head_bwd)
 
 
 def _chunked_logprobs(hidden: jax.Array, targets: jax.Array, head_kernel: jax.Array,
-                      temperature, chunk: int):
+                      temperature, chunk: int, head_dtype: str = "float32"):
     """hidden [B, N, D], targets i32[B, N] -> (logprobs f32[B, N], entropy f32[B, N]).
 
     A custom VJP (`_head`) instead of ``jax.checkpoint`` around autodiff: the
@@ -118,7 +126,7 @@ def _chunked_logprobs(hidden: jax.Array, targets: jax.Array, head_kernel: jax.Ar
     hs = hidden.reshape(b, nc, c, d).swapaxes(0, 1)
     ts = targets.reshape(b, nc, c).swapaxes(0, 1)
     inv_t = 1.0 / jnp.asarray(temperature, jnp.float32)
-    lp, ent = _head(save, hs, ts, head_kernel.astype(jnp.float32), inv_t)
+    lp, ent = _head(save, head_dtype, hs, ts, head_kernel.astype(jnp.float32), inv_t)
     lp = lp.swapaxes(0, 1).reshape(b, nc * c)[:, :n]
     ent = ent.swapaxes(0, 1).reshape(b, nc * c)[:, :n]
     return lp, ent
@@ -148,7 +156,8 @@ def token_logprobs_and_entropy(model, tokens: jax.Array, *, temperature=1.0,
     _check_temperature(temperature)
     hidden = model.hidden_states(tokens, positions)
     lp, ent = _chunked_logprobs(hidden[:, :-1], tokens[:, 1:].astype(jnp.int32),
-                                model.head_kernel(), temperature, chunk)
+                                model.head_kernel(), temperature, chunk,
+                                model.cfg.head_dtype)
     return _shift_right(lp), _shift_right(ent)
 
 

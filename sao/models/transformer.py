@@ -152,9 +152,11 @@ class Transformer(Decoder):
         return self.lm_head.kernel[...].astype(jnp.float32)
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """hidden [..., D] -> logits f32[..., V]; the head always runs in float32."""
-        logits = jnp.einsum("...d,dv->...v", hidden.astype(jnp.float32), self.head_kernel())
-        return logits
+        """hidden [..., D] -> logits f32[..., V]: operands in ``cfg.head_dtype``
+        (float32 by default), accumulated in float32 (as `token_logprobs`)."""
+        hd = jnp.dtype(self.cfg.head_dtype)
+        return jnp.einsum("...d,dv->...v", hidden.astype(hd), self.head_kernel().astype(hd),
+                          preferred_element_type=jnp.float32)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
         """tokens: i32[B, T] -> logits f32[B, T, V] (materialises [B, T, V];

@@ -84,3 +84,44 @@ def test_mixed_model_within_tolerance_of_f32():
     assert min(cos) > 0.999, cos
     full_a, full_b = np.concatenate(a), np.concatenate(b)
     assert full_a @ full_b / (np.linalg.norm(full_a) * np.linalg.norm(full_b)) > 0.9999
+
+
+def test_bf16_head_operands_with_f32_logits():
+    """``head_dtype="bfloat16"``: logits are the f32 accumulation of bf16-rounded
+    hidden states and head kernel (checked against NumPy in float64), in the
+    sampler's logits and the learner's log-probs alike; the loss and gradients
+    stay within the mixed-precision tolerances of an f32 head; float32 is the
+    default and leaves the head exactly as before."""
+    cfg = get_preset("tiny", dtype="bfloat16")
+    assert get_preset("tiny").head_dtype == "float32"
+    with pytest.raises(ValueError, match="head_dtype"):
+        get_preset("tiny", head_dtype="float16")
+    tokens = jax.random.randint(jax.random.key(3), (2, 40), 0, cfg.vocab_size)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    params = nnx.state(model)
+    models = {}
+    for head in ("float32", "bfloat16"):
+        gd = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg.replace(head_dtype=head),
+                                                             rngs=nnx.Rngs(0))))
+        models[head] = nnx.merge(gd, params)
+    hidden = models["bfloat16"].hidden_states(tokens)
+    want = np.einsum("btd,dv->btv", _bf16_f64(hidden), _bf16_f64(models["bfloat16"].head_kernel()))
+    got = models["bfloat16"].logits_from_hidden(hidden)
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    # The learner's log-probs use the same logits: log_softmax of them at each next token.
+    lp = np.asarray(token_logprobs(models["bfloat16"], tokens), np.float64)
+    logz = np.log(np.exp(want - want.max(-1, keepdims=True)).sum(-1)) + want.max(-1)
+    ref = np.take_along_axis(want[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0] - logz[:, :-1]
+    np.testing.assert_allclose(lp[:, 1:], ref, atol=1e-4)
+    out = {}
+    for head, m in models.items():
+        gd = nnx.graphdef(m)
+        loss = lambda p, gd=gd: -jnp.mean(token_logprobs(nnx.merge(gd, p), tokens)[:, 1:])  # noqa: E731
+        out[head] = jax.jit(jax.value_and_grad(loss))(params)
+    (l32, g32), (l16, g16) = out["float32"], out["bfloat16"]
+    assert abs(float(l16) - float(l32)) < 1e-3 * abs(float(l32))
+    a = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g32)])
+    b = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g16)])
+    assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(g16))
+    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.9999
