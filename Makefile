@@ -25,7 +25,7 @@ run: $(STAMP)
 # The real SGLang environment is installed once per machine, outside the clone
 # (first `make test` on a fresh machine: ~3-12 min, 11 GB), for the e2e fleet run.
 test: $(STAMP) sglang-venv sglang-real-venv
-	$(PY) -m pytest -q $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS) tests
 
 # SGLang-JAX server (CPU) for the rollout integration test, in its own Python
 # 3.12 venv. Without a working python3.12 this does nothing and that test skips.

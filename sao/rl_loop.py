@@ -66,7 +66,9 @@ class LoopHooks:
 
     Attributes:
       publish: ``publish(states, version) -> uri`` of a params checkpoint.
-      write: ``write(step, metrics)``, one record per step.
+      write: ``write(step, metrics)``, one record per step; on a checkpoint step the
+        record is written before the checkpoint and a second one with the step's
+        ``time/...`` keys after it (readers merge records by step).
       evaluate: ``evaluate(states, step) -> {"eval/...": ...}``.
       checkpoint: ``checkpoint(states, step)`` saves a training checkpoint.
       on_step: ``on_step(step, metrics)`` after each step (progress display).
@@ -233,19 +235,30 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
         if loop.eval_every and (step + 1) % loop.eval_every == 0 and step + 1 < loop.steps:
             with lap.part("eval"):
                 metrics.update(hooks.evaluate(states, step + 1))
-        if loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0:
+        checkpoint_due = loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0
+        if checkpoint_due:
+            # The step's record goes out before its checkpoint: a run killed while saving
+            # redoes the step on resume (records merge by step), one killed after it has
+            # the record. The checkpoint's own timing follows as a second record.
+            with lap.part("log"):
+                hooks.write(step + 1, {**metrics, **_lap_times(lap)})
             with lap.part("checkpoint"):
                 hooks.checkpoint(states, step + 1)
-        metrics.update({f"time/{k}_s": v for k, v in lap.totals.items()})
-        metrics.update({f"time/{k}_cpu_s": v for k, v in lap.cpu.items()})
-        metrics["time/step_s"] = sum(lap.totals.values())
+        metrics.update(_lap_times(lap))
         with lap.part("log"):
-            hooks.write(step + 1, metrics)
+            hooks.write(step + 1, _lap_times(lap) if checkpoint_due else metrics)
             hooks.on_step(step + 1, metrics)
         timer.merge(lap)
         done = step + 1
     dropped = int(source.snapshot().get("dropped", 0))
     return states, done, {"trajectories": used, "dropped": dropped}
+
+
+def _lap_times(lap: timing.Stopwatch) -> dict[str, float]:
+    """``time/<part>_s``, ``time/<part>_cpu_s`` and ``time/step_s`` of one step so far."""
+    return {**{f"time/{k}_s": v for k, v in lap.totals.items()},
+            **{f"time/{k}_cpu_s": v for k, v in lap.cpu.items()},
+            "time/step_s": sum(lap.totals.values())}
 
 
 def _scalars(d: dict) -> dict[str, float]:

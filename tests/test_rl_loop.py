@@ -133,3 +133,24 @@ def test_loop_times_its_parts():
         assert 0.0 <= m["time/update_cpu_s"] < m["time/update_s"]   # the fake learner sleeps
         parts = sum(m[f"time/{p}_s"] for p in timing.RL_PARTS if f"time/{p}_s" in m)
         assert m["time/step_s"] == pytest.approx(parts)
+
+
+def test_a_step_is_recorded_before_its_checkpoint():
+    """Killed while (or right after) saving step s, a run has s's record: it goes out first,
+    and the checkpoint's timing follows in a second record of the same step."""
+    src = FakeSource([[traj("p1"), traj("p2")], [traj("p3"), traj("p4")], []])
+    records = []
+
+    def checkpoint(states, step):
+        assert records and records[-1][0] == step and "actor/loss" in records[-1][1]
+        time.sleep(0.02)
+
+    hooks = rl_loop.LoopHooks(publish=lambda s, v: f"uri{v}", checkpoint=checkpoint,
+                              write=lambda step, m: records.append((step, m)))
+    rl_loop.train(FakeLearner(), types.SimpleNamespace(policy_version=0), src,
+                  loop=rl_loop.LoopConfig(steps=3, checkpoint_every=2), start_step=0, hooks=hooks)
+    assert [s for s, _ in records] == [1, 2, 2]            # step 2: the record, then its timing
+    assert "time/checkpoint_s" not in records[1][1] and "actor/loss" in records[1][1]
+    assert set(records[2][1]) <= {k for k in records[2][1] if k.startswith("time/")}
+    assert records[2][1]["time/checkpoint_s"] >= 0.02
+    assert records[2][1]["time/step_s"] >= records[1][1]["time/step_s"] + 0.02
