@@ -35,14 +35,14 @@ def smollm2_cpu(c):
     c.model.tokenizer = "hf"
     c.learner.batch_size = 2
     c.learner.length_buckets = (384,)        # the Hermes system prompt alone is ~200 tokens
+    c.learner.micro_batch_size = 1           # one row at a time: half the activation memory
     c.learner.actor_lr = 1e-6                # a pretrained model: base()'s LRs
     c.critic.critic_lr = 5e-6
-    c.critic.critic_warmup_steps = 1         # step 1 trains the critic, step 2 the actor too
-    c.critic.value_pretrain_steps = 1
-    c.train.value_pretrain_trajectories = 2
+    c.critic.critic_warmup_steps = 0         # both steps update the actor (and push it)
+    c.critic.value_pretrain_steps = 0        # no value pretraining: one compile less
     c.rollout.max_concurrency = c.rollout.engine_slots = 2
     c.rollout.max_len = 384
-    c.rollout.max_new_tokens = 40
+    c.rollout.max_new_tokens = 96            # room for a Hermes tool call or an answer
     c.rollout.max_turns = 2
     c.env.tool_format = "hermes"
     c.env.prompt_style = "env"               # question + instructions under the tool's system prompt
