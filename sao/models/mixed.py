@@ -5,7 +5,8 @@ parameters, the way full-scale runs train) every matmul of the decoder takes
 bf16 operands and accumulates in float32 (`mixed_einsum`), in the forward
 pass and in both backward products; kernel gradients are accumulated and
 returned in float32, so float32 master weights get an unrounded gradient.
-The LM head and log-softmax stay float32 (logprobs.py).
+The log-softmax stays float32 and the LM head returns float32 logits (its
+operands follow ``ModelConfig.head_dtype``, float32 by default; logprobs.py).
 
 XLA:CPU specifics (benchmarks/README.md, learner step): its bf16 matmul
 (YNNPACK, AVX512-BF16) takes only bf16 x bf16 -> f32 products whose left
