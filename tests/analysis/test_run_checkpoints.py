@@ -68,4 +68,4 @@ def test_run_config_reads_what_the_run_recorded(tmp_path):
     run_metrics.write_json(str(tmp_path / run_metrics.CONFIG_FILE), cfg.to_dict())  # as sao.train does
     back = run_config(str(tmp_path))
     assert back.to_dict() == cfg.to_dict() and back.is_locked
-    assert back.learner.length_buckets == (128,) and isinstance(back.env.tasks, tuple)
+    assert back.learner.length_buckets == (96, 128) and isinstance(back.env.tasks, tuple)
