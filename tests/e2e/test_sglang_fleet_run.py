@@ -24,8 +24,9 @@ Checked on the finished run:
   log-probs our model recomputes from each published HF export equal the
   server's on the tokens that version sampled;
 * the weights really change: the HF exports of v1, v2, v3 differ (checksums),
-  the actor's gradient is non-zero (SAO's critic-based advantages cannot all
-  vanish the way GRPO's do when every reward is equal);
+  the actor's gradient is non-zero (the run adds a 0.001 entropy bonus: with
+  the zero-initialised value head, a run whose episodes all score 0 would
+  otherwise have all-zero advantages and push unchanged weights);
 * Hermes tool calls ran in the sandbox: recorded trajectories hold a
   ``<tool_call>`` whose program's output came back framed in the trajectory;
 * evaluation through the fleet: before, during (step 2, on the run's
@@ -103,7 +104,12 @@ def launch(model: str, workdir: pathlib.Path, *server_flags: str) -> float:
             f"--python={sys.executable}", f"--sglang_port={free_base_port(2)}",
             f"--worker_port={free_base_port(2)}", *server_flags, "--learner",
             "--set", "rollout.tau=0", "--set", f"run.steps={STEPS}",
-            "--set", "run.progress=False", "--set", "run.record_batches=True"]
+            "--set", "run.progress=False", "--set", "run.record_batches=True",
+            # The value head starts at zero and the tiny model earns a reward in ~15% of
+            # episodes: a run whose 16 episodes all score 0 has every advantage exactly 0
+            # and pushes unchanged weights. A small entropy bonus moves the actor at every
+            # step whatever the rewards, so each push carries new weights.
+            "--set", "learner.entropy_coef=0.001"]
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     t0 = time.monotonic()
