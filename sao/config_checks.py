@@ -48,5 +48,4 @@ def check(cfg, *, local_paths: bool = True) -> None:
     """Raises ValueError listing every problem `problems` finds (the config's name first)."""
     found = problems(cfg, local_paths=local_paths)
     if found:
-        name = cfg.get("name", "config")
-        raise ValueError(f"{name}: " + "; ".join(found))
+        raise ValueError(f"{cfg.name}: " + "; ".join(found))

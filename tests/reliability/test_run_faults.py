@@ -28,12 +28,12 @@ from sao import run_metrics  # noqa: E402
 from sao.rpc import auth, credentials, sao_pb2, sao_pb2_grpc  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STEPS, B, G = 10, 8, 4
+STEPS, B, G = 30, 8, 4      # enough steps that the run outlives a worker restart (~15 s)
 ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--config.learner.batch_size={B}",
         f"--config.rollout.group_size={G}", "--config.eval.num_prompts=8", "--config.eval.every=0",
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
         "--config.rollout.max_concurrency=8", "--config.rollout.engine_slots=8",
-        "--config.checkpoint.every=1", "--config.checkpoint.keep=20", "--config.run.progress=False",
+        "--config.checkpoint.every=1", "--config.checkpoint.keep=40", "--config.run.progress=False",
         f"--config.run.steps={STEPS}"]
 ORPHAN_BOUND_S = 30.0
 
@@ -59,10 +59,14 @@ def wait_for(pred, timeout_s: float, proc: subprocess.Popen | None = None, what:
 
 
 def children(pid: int) -> list[int]:
+    """Child pids of ``pid``, from each of its threads (a thread may end while we look)."""
     out = []
     for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(p) for p in f.read().split()]
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            continue
     return out
 
 
