@@ -190,6 +190,8 @@ def main() -> None:
     ap.add_argument("--restart", action="store_true", help="also time sglang-jax server restarts")
     ap.add_argument("--workdir", default="", help="where to write (default: a fresh temp dir)")
     args = ap.parse_args()
+    if args.restart and args.repeats < 2:
+        ap.error("--restart needs --repeats >= 2 (it serves the newest version but one, then restarts)")
     if args.restart and not SGLANG_PYTHON.exists():
         raise SystemExit(f"--restart needs {SGLANG_PYTHON} (make sglang-venv)")
     work = args.workdir or tempfile.mkdtemp(prefix="sao-weight-push-")
