@@ -32,7 +32,7 @@ STEPS, B, G = 30, 8, 4      # enough steps that the run outlives a worker restar
 ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--config.learner.batch_size={B}",
         f"--config.rollout.group_size={G}", "--config.eval.num_prompts=8", "--config.eval.every=0",
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
-        "--config.rollout.max_concurrency=8", "--config.rollout.engine_slots=8",
+        "--config.rollout.max_concurrency=12", "--config.rollout.engine_slots=12",  # 3 groups in flight: batches of 8 cut groups
         "--config.checkpoint.every=1", "--config.checkpoint.keep=40", "--config.run.progress=False",
         f"--config.run.steps={STEPS}"]
 ORPHAN_BOUND_S = 30.0
