@@ -61,6 +61,17 @@ def test_dense_f32_compute_is_plain_einsum_and_bf16_uses_mixed():
     assert value_head(x).shape == (2, 3, 1)  # ellipsis specs take the plain einsum
 
 
+def _graphdef(cfg):
+    """The graph of a `Transformer` with ``cfg`` (parameters not materialised)."""
+    return nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+
+
+def _loss_and_grads(graphdef, params, tokens):
+    """Jitted mean next-token NLL through `token_logprobs` and its gradients."""
+    loss = lambda p: -jnp.mean(token_logprobs(nnx.merge(graphdef, p), tokens)[:, 1:])  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
 def test_mixed_model_within_tolerance_of_f32():
     """Same f32 weights, bf16 compute: loss within 1e-3 relative of f32 and
     gradients aligned (cosine > 0.999 per parameter, > 0.9999 overall); all
@@ -69,12 +80,8 @@ def test_mixed_model_within_tolerance_of_f32():
     tokens = jax.random.randint(jax.random.key(2), (4, 64), 0, cfg.vocab_size)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     params = nnx.state(model)
-    out = {}
-    for dtype in ("float32", "bfloat16"):
-        gd = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg.replace(dtype=dtype),
-                                                             rngs=nnx.Rngs(0))))
-        loss = lambda p: -jnp.mean(token_logprobs(nnx.merge(gd, p), tokens)[:, 1:])  # noqa: E731
-        out[dtype] = jax.jit(jax.value_and_grad(loss))(params)
+    out = {dtype: _loss_and_grads(_graphdef(cfg.replace(dtype=dtype)), params, tokens)
+           for dtype in ("float32", "bfloat16")}
     (l32, g32), (l16, g16) = out["float32"], out["bfloat16"]
     assert abs(float(l16) - float(l32)) < 1e-3 * abs(float(l32))
     a = [np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g32)]
@@ -99,11 +106,8 @@ def test_bf16_head_operands_with_f32_logits():
     tokens = jax.random.randint(jax.random.key(3), (2, 40), 0, cfg.vocab_size)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     params = nnx.state(model)
-    models = {}
-    for head in ("float32", "bfloat16"):
-        gd = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg.replace(head_dtype=head),
-                                                             rngs=nnx.Rngs(0))))
-        models[head] = nnx.merge(gd, params)
+    graphdefs = {head: _graphdef(cfg.replace(head_dtype=head)) for head in ("float32", "bfloat16")}
+    models = {head: nnx.merge(gd, params) for head, gd in graphdefs.items()}
     hidden = models["bfloat16"].hidden_states(tokens)
     want = np.einsum("btd,dv->btv", _bf16_f64(hidden), _bf16_f64(models["bfloat16"].head_kernel()))
     got = models["bfloat16"].logits_from_hidden(hidden)
@@ -114,11 +118,7 @@ def test_bf16_head_operands_with_f32_logits():
     logz = np.log(np.exp(want - want.max(-1, keepdims=True)).sum(-1)) + want.max(-1)
     ref = np.take_along_axis(want[:, :-1], np.asarray(tokens)[:, 1:, None], -1)[..., 0] - logz[:, :-1]
     np.testing.assert_allclose(lp[:, 1:], ref, atol=1e-4)
-    out = {}
-    for head, m in models.items():
-        gd = nnx.graphdef(m)
-        loss = lambda p, gd=gd: -jnp.mean(token_logprobs(nnx.merge(gd, p), tokens)[:, 1:])  # noqa: E731
-        out[head] = jax.jit(jax.value_and_grad(loss))(params)
+    out = {head: _loss_and_grads(gd, params, tokens) for head, gd in graphdefs.items()}
     (l32, g32), (l16, g16) = out["float32"], out["bfloat16"]
     assert abs(float(l16) - float(l32)) < 1e-3 * abs(float(l32))
     a = np.concatenate([np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g32)])
