@@ -20,31 +20,62 @@ from flax import nnx
 
 from sao.models.config import ModelConfig
 from sao.models.layers import Dense, RMSNorm, rope
-from sao.models.mixed import mixed_einsum
 from sao.models.sharding import constrain
 
 
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] -> [B, T, H, hd].
+def _products(q, k, v, mask):
+    """Forward: (probs f32[B, T, K, G, S], out [B, T, H, hd] in q's dtype).
 
-    Below float32 (mixed precision) both products are `mixed_einsum`s: bf16
-    operands, f32 accumulation, f32 scores, bf16 probabilities and output."""
+    Scores are laid out [B, T, K, G, S] (q's own order, keys minor), so
+    neither product nor the mask needs a transposed copy of them."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
-    q = q.reshape(b, t, kv, h // kv, hd)
-    mixed = q.dtype != jnp.float32
-    if mixed:
-        scores = mixed_einsum("btkgd,bskd->bkgts", q, k, jnp.float32)
-    else:
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    if mixed:
-        out = mixed_einsum("bkgts,bskd->btkgd", probs, v)
-    else:
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(b, t, h, hd)
+    qg = q.reshape(b, t, kv, h // kv, hd)
+    scores = jnp.einsum("btkgd,bskd->btkgs", qg, k.astype(q.dtype),
+                        preferred_element_type=jnp.float32) * (hd ** -0.5)
+    scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("btkgs,bskd->btkgd", probs.astype(q.dtype), v.astype(q.dtype),
+                     preferred_element_type=jnp.float32)
+    return probs, out.astype(q.dtype).reshape(b, t, h, hd)
+
+
+@jax.custom_vjp
+def _attend(q, k, v, mask):
+    """q: [B, T, H, hd]; k, v: [B, S, K, hd]; mask: bool[B, T, S] -> [B, T, H, hd].
+
+    Scores, softmax and both products' accumulation in float32; operands in
+    q's dtype (bf16 under mixed precision). A custom VJP: the backward pass
+    reuses the forward's probabilities and forms the scores' gradient in one
+    elementwise pass, ``p * (dp - sum(dout * out))`` (the softmax Jacobian),
+    instead of autodiff's chain through max, exp, sum and divide."""
+    return _products(q, k, v, mask)[1]
+
+
+def _attend_fwd(q, k, v, mask):
+    probs, out = _products(q, k, v, mask)
+    return out, (q, k, v, probs, out)
+
+
+def _attend_bwd(res, dout):
+    q, k, v, probs, out = res
+    b, t, h, hd = q.shape
+    kv = k.shape[2]
+    cd = q.dtype
+    g5 = lambda x: x.reshape(b, t, kv, h // kv, hd)
+    do = g5(dout.astype(cd))
+    dp = jnp.einsum("btkgd,bskd->btkgs", do, v.astype(cd), preferred_element_type=jnp.float32)
+    delta = jnp.einsum("btkgd,btkgd->btkg", do.astype(jnp.float32), g5(out).astype(jnp.float32))
+    ds = (probs * (dp - delta[..., None]) * (hd ** -0.5)).astype(cd)
+    # Key/value gradients contract over (t, g); the [.., hd] operand (small) is
+    # the one laid out transposed, not the [.., S] probabilities.
+    dv = jnp.einsum("btkgd,btkgs->bskd", do, probs.astype(cd), preferred_element_type=jnp.float32)
+    dq = jnp.einsum("btkgs,bskd->btkgd", ds, k.astype(cd), preferred_element_type=jnp.float32)
+    dk = jnp.einsum("btkgd,btkgs->bskd", g5(q), ds, preferred_element_type=jnp.float32)
+    return (dq.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None)
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
 
 
 def _attend_causal_chunked(q: jax.Array, k: jax.Array, v: jax.Array, chunk: int) -> jax.Array:

@@ -89,13 +89,14 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
       theta: RoPE base.
     Returns:
       [B, T, N, hd] in x's dtype (rotation computed in float32).
+
+    The cos/sin tables are [B, T, 1, hd/2], materialised once
+    (``optimization_barrier``): fused into their consumers, XLA:CPU would
+    evaluate them once per element of x (N times over), forward and backward.
     """
     hd = x.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, hd/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
-    xf = x.astype(jnp.float32)
-    x1, x2 = jnp.split(xf, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (xf * cos + rotated * sin).astype(x.dtype)
+    freqs = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [B, T, 1, hd/2]
+    cos, sin = jax.lax.optimization_barrier((jnp.cos(freqs), jnp.sin(freqs)))
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
