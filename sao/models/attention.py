@@ -20,24 +20,25 @@ from flax import nnx
 
 from sao.models.config import ModelConfig
 from sao.models.layers import Dense, RMSNorm, rope
+from sao.models.mixed import product_as_written
 from sao.models.sharding import constrain
 
 
 def _products(q, k, v, mask):
-    """Forward: (probs f32[B, T, K, G, S], out [B, T, H, hd] in q's dtype).
+    """Forward: (probs f32[B, K, T, G, S], out [B, T, H, hd] in q's dtype).
 
-    Scores are laid out [B, T, K, G, S] (q's own order, keys minor), so
-    neither product nor the mask needs a transposed copy of them."""
+    Scores are laid out [B, K, T, G, S]: the products' batch dims (B, K)
+    leading and the keys minor, the layout XLA:CPU's matmuls take, so only
+    the small [.., hd] operands are copied transposed, never the scores."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
     qg = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->btkgs", qg, k.astype(q.dtype),
+    scores = jnp.einsum("btkgd,bskd->bktgs", qg, k.astype(q.dtype),
                         preferred_element_type=jnp.float32) * (hd ** -0.5)
-    scores = jnp.where(mask[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(mask[:, None, :, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("btkgs,bskd->btkgd", probs.astype(q.dtype), v.astype(q.dtype),
-                     preferred_element_type=jnp.float32)
-    return probs, out.astype(q.dtype).reshape(b, t, h, hd)
+    out = product_as_written("bktgs,bskd->bktgd", probs.astype(q.dtype), v.astype(q.dtype))
+    return probs, out.transpose(0, 2, 1, 3, 4).astype(q.dtype).reshape(b, t, h, hd)
 
 
 @jax.custom_vjp
@@ -64,14 +65,14 @@ def _attend_bwd(res, dout):
     cd = q.dtype
     g5 = lambda x: x.reshape(b, t, kv, h // kv, hd)
     do = g5(dout.astype(cd))
-    dp = jnp.einsum("btkgd,bskd->btkgs", do, v.astype(cd), preferred_element_type=jnp.float32)
-    delta = jnp.einsum("btkgd,btkgd->btkg", do.astype(jnp.float32), g5(out).astype(jnp.float32))
+    dp = jnp.einsum("btkgd,bskd->bktgs", do, v.astype(cd), preferred_element_type=jnp.float32)
+    delta = jnp.einsum("btkgd,btkgd->bktg", do.astype(jnp.float32), g5(out).astype(jnp.float32))
     ds = (probs * (dp - delta[..., None]) * (hd ** -0.5)).astype(cd)
-    # Key/value gradients contract over (t, g); the [.., hd] operand (small) is
-    # the one laid out transposed, not the [.., S] probabilities.
-    dv = jnp.einsum("btkgd,btkgs->bskd", do, probs.astype(cd), preferred_element_type=jnp.float32)
-    dq = jnp.einsum("btkgs,bskd->btkgd", ds, k.astype(cd), preferred_element_type=jnp.float32)
-    dk = jnp.einsum("btkgd,btkgs->bskd", g5(q), ds, preferred_element_type=jnp.float32)
+    # Key/value gradients contract over (t, g): formed as [B, K, hd, S], so the
+    # small [.., hd] operand gets the transposed copy, not the probabilities.
+    dv = product_as_written("btkgd,bktgs->bkds", do, probs.astype(cd)).transpose(0, 3, 1, 2)
+    dq = product_as_written("bktgs,bskd->bktgd", ds, k.astype(cd)).transpose(0, 2, 1, 3, 4)
+    dk = product_as_written("btkgd,bktgs->bkds", g5(q), ds).transpose(0, 3, 1, 2)
     return (dq.reshape(q.shape).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None)
 
 

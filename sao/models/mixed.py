@@ -60,6 +60,23 @@ def transposed_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     return jax.lax.platform_dependent(a, b, cpu=cpu, default=default)
 
 
+def product_as_written(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """f32 ``einsum(spec, x, y)`` whose result keeps the layout ``spec`` names.
+
+    XLA folds a transpose of a product's result back into the product (it
+    swaps the operands), which can undo a deliberate choice of which operand
+    gets a transposed copy. On CPU the result is pinned row-major with a
+    layout constraint; other platforms get the plain product."""
+    def cpu(x, y):
+        out = jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+        return with_layout_constraint(out, Layout(major_to_minor=tuple(range(out.ndim))))
+
+    def default(x, y):
+        return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+
+    return jax.lax.platform_dependent(x, y, cpu=cpu, default=default)
+
+
 def _rhs_grad(lhs: str, rhs: str, out: str, x: jax.Array, g: jax.Array) -> jax.Array:
     """f32 ``einsum(f"{lhs},{out}->{rhs}", x, g)``, the right operand's
     gradient, as a `transposed_dot` when the spec is ``batch+contract,
