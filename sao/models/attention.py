@@ -55,11 +55,11 @@ def _attend(q, k, v, mask):
 
 def _attend_fwd(q, k, v, mask):
     probs, out = _products(q, k, v, mask)
-    return out, (q, k, v, probs, out)
+    return out, (q, k, v, mask, probs, out)
 
 
 def _attend_bwd(res, dout):
-    q, k, v, probs, out = res
+    q, k, v, mask, probs, out = res
     b, t, h, hd = q.shape
     kv = k.shape[2]
     cd = q.dtype
@@ -67,7 +67,10 @@ def _attend_bwd(res, dout):
     do = g5(dout.astype(cd))
     dp = jnp.einsum("btkgd,bskd->bktgs", do, v.astype(cd), preferred_element_type=jnp.float32)
     delta = jnp.einsum("btkgd,btkgd->bktg", do.astype(jnp.float32), g5(out).astype(jnp.float32))
-    ds = (probs * (dp - delta[..., None]) * (hd ** -0.5)).astype(cd)
+    # Masked scores are constants (no gradient): a row with no visible key has
+    # uniform probabilities, and without the select would leak into dq and dk.
+    ds = jnp.where(mask[:, None, :, None], probs * (dp - delta[..., None]) * (hd ** -0.5), 0)
+    ds = ds.astype(cd)
     # Key/value gradients contract over (t, g): formed as [B, K, hd, S], so the
     # small [.., hd] operand gets the transposed copy, not the probabilities.
     dv = product_as_written("btkgd,bktgs->bkds", do, probs.astype(cd)).transpose(0, 3, 1, 2)

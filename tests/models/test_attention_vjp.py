@@ -29,11 +29,15 @@ def _masks(b, t):
     padded[1, :, :3] = False  # left padding of row 1 (its first 3 keys)
     padded[1, :3, 0] = True  # ...keeping one key per query row
     window = causal & ~np.tril(np.ones((t, t), bool), -4)[None]  # last 4 keys only
-    return {"causal": causal, "padded": padded, "window": window}
+    # Rows that see no key: the output (mean of v) does not depend on q or k,
+    # so neither may get a gradient from them.
+    empty = causal.copy()
+    empty[1, :3] = False
+    return {"causal": causal, "padded": padded, "window": window, "fully_masked": empty}
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
-@pytest.mark.parametrize("mask_name", ["causal", "padded", "window"])
+@pytest.mark.parametrize("mask_name", ["causal", "padded", "window", "fully_masked"])
 def test_gradients_match_autodiff_of_the_reference(heads, kv_heads, mask_name):
     b, t, hd = 2, 12, 8
     ks = jax.random.split(jax.random.PRNGKey(heads * 10 + kv_heads), 4)
