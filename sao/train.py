@@ -58,8 +58,8 @@ import jax
 import numpy as np
 from rich.console import Console
 
-from sao import (ckpt, components, multihost, rl_loop, run_metrics, sft, storage, timing,
-                 workers)
+from sao import (ckpt, components, multihost, provenance, rl_loop, run_metrics, sft, storage,
+                 timing, workers)
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
@@ -96,6 +96,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     storage.makedirs(workdir)
     if lead:                                                # the resolved config, for analysis tools
         run_metrics.write_json(storage.join(workdir, run_metrics.CONFIG_FILE), cfg.to_dict())
+        provenance.record_start(workdir)                   # code version, per start
     # Bad TLS paths fail here, not after SFT; the lead alone makes the token file.
     security = workers.fleet_security(cfg, workdir, create=True) if lead else None
     console = Console()

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_main_support import ROOT, TINY, run_main, tiny_run  # noqa: E402
 
-from sao import main as sao_main, run_metrics, timing  # noqa: E402
+from sao import main as sao_main, provenance, run_metrics, timing  # noqa: E402
 from sao.analysis import experiment_config, run_config  # noqa: E402
 
 
@@ -91,6 +91,9 @@ def test_tiny_run_end_to_end_and_resume():
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert summary["steps"] == 3 and summary["trajectories"] == 24
     assert [r["step"] for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"] == [0, 1, 2, 3]
+    starts = provenance.read_run_info(workdir)             # one record per start of the run
+    assert len(starts) == 2 and starts[0]["commit"] and "--workdir=" + workdir in " ".join(
+        starts[1]["argv"])
 
     # The same command again: the run is finished, nothing is evaluated or rewritten.
     with open(os.path.join(workdir, "summary.json"), "rb") as f:
@@ -103,3 +106,4 @@ def test_tiny_run_end_to_end_and_resume():
     with open(os.path.join(workdir, "summary.json"), "rb") as f:
         assert f.read() == summary_bytes
     assert len(run_metrics.read_metrics(workdir)) == n_records
+    assert len(provenance.read_run_info(workdir)) == 2

@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+from sao import provenance  # noqa: E402
 
 
 def _cfg(arm, seed=0, overrides=()):
@@ -84,6 +85,7 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
     assert text.count("| pending | pending | pending |") == len(ARM_NAMES)
     assert "%" not in text.split("## Held-out pass@1")[1].split("## Value model")[0]
     assert "Not measured yet" in text
+    assert "none recorded; 0 finished run(s) predate" in text
     assert sorted(os.listdir(plots)) == sorted(f"repro_{n}.png" for n in (
         "main", "critic_ev", "staleness", "drift", "wallclock"))
 
@@ -134,6 +136,8 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
                        "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
     text = out.read_text()
     assert "| `sao` | SAO | done |" in text and "(n=1)" in text
+    version = provenance.read_run_info(sweep.run_dir(runs, "sao", 0))[0]["code_version"]
+    assert f"`{version}` (2 runs); 0 finished run(s) predate" in text
     assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
 
 
