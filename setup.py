@@ -47,6 +47,7 @@ EXTRAS = {
         "pandas>=2.2,<3",
         "nbclient>=0.10,<1",
         "ipykernel>=6.29,<8",
+        "tensorboard>=2.16,<3",  # the viewer for a run's tb/ events
     ],
     # The SGLang server itself runs in its own Python 3.12 environment
     # (see `make sglang-venv`); this extra holds the client side only.

@@ -159,8 +159,8 @@ def table(summary: Mapping[str, float]) -> Table:
     if "time/startup_s" in summary:
         t.add_row("before the first phase (imports, workers start)", f"{summary['time/startup_s']:.1f}",
                   "", "")
-    for key, label in (("time/learner_cpu_s", "learner process, from its start"),
-                       ("time/workers_cpu_s", "rollout worker processes, from their start")):
+    for key, label in (("time/learner_cpu_s", "CPU only: learner process, from its start"),
+                       ("time/workers_cpu_s", "CPU only: rollout workers, from their start")):
         if key in summary:
             t.add_row(label, "", "", f"{summary[key]:.1f}")
     return t

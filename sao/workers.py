@@ -16,6 +16,7 @@ from :func:`publish_root`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -83,6 +84,9 @@ def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_i
     it raises) and loads weights only from :func:`publish_root`.
     """
     die_with_parent()  # spawned by a learner (``spawn``): end with it
+    # The worker's own lifecycle (serving address, weight loads) in its log at INFO, while
+    # libraries stay at the process's verbosity (warnings: orbax logs every restore at INFO).
+    logging.getLogger("sao").setLevel(logging.INFO)
     security = fleet_security(cfg, workdir)  # before anything slow: a missing token fails at once
     tokenizer = components.make_tokenizer(cfg)
 

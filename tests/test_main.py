@@ -81,8 +81,9 @@ def test_tiny_run_end_to_end_and_resume():
     assert recs[2]["actor/frac_masked_low"] + recs[2]["actor/frac_masked_high"] < 0.2
     assert sum(recs[1]["batch/staleness_counts"]) > 0
     assert os.path.exists(os.path.join(workdir, "sft", "result.json"))
-    for i in range(2):
-        assert os.path.exists(os.path.join(workdir, "workers", f"worker{i}.log"))
+    for i in range(2):                                     # each worker logs its lifecycle
+        text = open(os.path.join(workdir, "workers", f"worker{i}.log")).read()
+        assert f"worker{i} serving on" in text and f"worker{i} loaded weights version" in text
 
     # Rerun with one more step: SFT and the first eval come from the cache, RL resumes at step 2.
     proc = run_main(workdir, 3)

@@ -244,9 +244,12 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
             if error is not None:
                 self.refused_updates += 1
                 raise ValueError(f"refused: {error}")
+            t0 = time.perf_counter()
             await self.engine.load_weights(version, uri)
             if self.engine.version == version:  # not superseded by a newer concurrent load
                 self._served_uri = uri
+            log.info("%s loaded weights version %s in %.2f s", self.worker_id, version,
+                     time.perf_counter() - t0)
             return sao_pb2.UpdateWeightsResponse(ok=True, version=self.engine.version)
         except Exception as e:  # errors as values
             log.warning("load_weights(%s, %s) failed: %r", request.version, request.uri, e)
