@@ -79,8 +79,8 @@ def main(argv: list[str]) -> None:
     cfg, workdir = _CONFIG.value, _WORKDIR.value
     try:
         config_checks.check(cfg)                          # --config.* overrides included
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
+    except (ValueError, OSError) as e:                    # OSError: no loadable --config file
+        raise app.UsageError(" ".join(line.strip() for line in str(e).splitlines())) from None
     if not storage.is_remote(workdir) and os.path.isfile(workdir):
         raise app.UsageError(f"--workdir {workdir} is a file; give a directory (created if absent)")
     if _ROLE.value == "rollout":
@@ -124,6 +124,21 @@ def _use_compilation_cache() -> str:
     return directory
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a short error (exit 1) instead of a traceback when
+    ``--config`` names no loadable file or a ``--config.*`` override names no field."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (OSError, AttributeError, KeyError) as e:
+        inner = e.__cause__ if isinstance(e, OSError) and e.__cause__ else e
+        while inner.args and isinstance(inner.args[0], BaseException):
+            inner = inner.args[0]
+        detail = inner.args[0] if inner.args and isinstance(inner.args[0], str) else str(inner)
+        lines = [line.strip() for line in detail.splitlines() if line.strip()]
+        print(f"sao: bad --config: {' '.join(lines)}", file=sys.stderr)
+        sys.exit(1)
+
+
 def _run(default_role: str) -> None:
     _use_compilation_cache()
     if not any(a == "--role" or a.startswith("--role=") for a in sys.argv[1:]):
@@ -131,7 +146,7 @@ def _run(default_role: str) -> None:
     if not any(a.startswith(("--verbosity", "-v")) for a in sys.argv[1:]):
         sys.argv.insert(1, "--verbosity=-1")   # warnings and up: orbax logs every save at INFO
     _add_experiments_root(sys.argv[1:])
-    app.run(main)
+    app.run(main, flags_parser=_parse_flags)
 
 
 def run_train() -> None:

@@ -1,5 +1,6 @@
 """Config consistency after ``--config.*`` overrides: `sao.config_checks` and its use by ``sao.main``."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -52,3 +53,18 @@ def test_main_refuses_bad_overrides_and_a_workdir_that_is_a_file(tmp_path):
     proc = run_main(str(a_file), 1)
     assert proc.returncode == 1 and "is a file" in proc.stderr, proc.stderr[-2000:]
     assert a_file.read_text() == "x"
+
+
+def test_main_names_a_misspelt_field_or_a_missing_config_file_without_a_traceback(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_main(str(workdir), 1, "--config.run.stepz=5")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert 'sao: bad --config: \'stepz\' Did you mean "steps"' in proc.stderr
+    assert "Traceback" not in proc.stderr
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "sao.main", "--config=experiments/quickstat.py",
+                           f"--workdir={workdir}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "No such file or directory: 'experiments/quickstat.py'" in proc.stderr
+    assert not workdir.exists()
