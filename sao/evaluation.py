@@ -40,6 +40,7 @@ def pass_at_1(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {"eval/accuracy": float(np.mean([t.reward >= 1.0 for t in trajs])),
             "eval/reward": float(np.mean([t.reward for t in trajs])),
             "eval/tool_use": float(np.mean([t.metadata.get("num_tool_calls", 0) > 0 for t in trajs])),
+            "eval/tool_timeouts": float(np.mean([t.metadata.get("tool_timeouts", 0) for t in trajs])),
             "eval/length": float(np.mean([t.length for t in trajs])),
             "eval/prompts": float(len(trajs))}
 

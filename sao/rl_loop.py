@@ -173,6 +173,10 @@ def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str
     tools = np.array([t.metadata.get("num_tool_calls", 0) > 0 for t in trajs], np.float64)
     lags = np.concatenate([learner_version - t.policy_version[t.action_mask] for t in trajs])
     return {"rollout/reward": rewards.mean(), "rollout/tool_use": tools.mean(),
+            # Tool calls that hit their wall-clock limit, per episode: a rise flags a loaded
+            # or paused worker machine (its observations then say "[timed out]").
+            "rollout/tool_timeouts": float(np.mean([t.metadata.get("tool_timeouts", 0)
+                                                    for t in trajs])),
             "rollout/length": float(np.mean([t.length for t in trajs])),
             "rollout/truncated": float(np.mean([t.finish == "length" for t in trajs])),
             "batch/staleness_counts": np.bincount(np.maximum(lags, 0)).tolist()}

@@ -9,5 +9,8 @@ def test_pass_at_1():
     trajs = [traj("a", 1.0, (4, 4), tools=1), traj("b", 0.0, (2, 3, 4))]
     e = evaluation.pass_at_1(trajs)
     assert e["eval/accuracy"] == 0.5 and e["eval/tool_use"] == 0.5 and e["eval/prompts"] == 2
+    assert e["eval/tool_timeouts"] == 0.0
+    trajs[1].metadata["tool_timeouts"] = 1
+    assert evaluation.pass_at_1(trajs)["eval/tool_timeouts"] == 0.5
     with pytest.raises(ValueError):
         evaluation.pass_at_1([])

@@ -36,6 +36,9 @@ def test_batch_metrics():
     trajs = [traj("a", 1.0, (4, 4), tools=1), traj("b", 0.0, (2, 3, 4))]
     m = rl_loop.batch_metrics(trajs, learner_version=4)
     assert m["rollout/reward"] == 0.5 and m["rollout/tool_use"] == 0.5
+    assert m["rollout/tool_timeouts"] == 0.0
+    trajs[0].metadata["tool_timeouts"] = 3                  # env info, carried in metadata
+    assert rl_loop.batch_metrics(trajs, learner_version=4)["rollout/tool_timeouts"] == 1.5
     assert m["batch/staleness_counts"] == [3, 1, 1]          # lags 0,0,0 | 2,1,0 ... per action token
 
 

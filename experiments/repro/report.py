@@ -21,7 +21,6 @@ import numpy as np  # noqa: E402
 
 from experiments.repro import ARMS, base, ev_study, results, sweep  # noqa: E402
 from experiments.repro.results import done, pct, stat  # noqa: E402
-from sao import provenance  # noqa: E402
 
 DISCUSSION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "discussion.md")
 GROUPS = {a: g for a, g, _ in ARMS}
@@ -267,21 +266,6 @@ def ev_plot(ev: dict | None, out_dir: str) -> str | None:
     return "repro_ev_study.png"
 
 
-def code_versions(runs: str, runs_by_arm) -> str:
-    """Which code produced the finished runs (their ``run_info.jsonl``, one record per start)."""
-    versions, unrecorded = {}, 0
-    for rs in runs_by_arm.values():
-        for r in done(rs):
-            starts = provenance.read_run_info(sweep.run_dir(runs, r.arm, r.seed))
-            if not starts:
-                unrecorded += 1
-            for v in {s["code_version"] for s in starts}:
-                versions[v] = versions.get(v, 0) + 1
-    listed = ", ".join(f"`{v}` ({n} run{'s' if n > 1 else ''})" for v, n in sorted(versions.items()))
-    return (f"Code versions (`git describe` per start of a run, `run_info.jsonl`): "
-            f"{listed or 'none recorded'}; {unrecorded} finished run(s) predate that record.")
-
-
 def compute_used(runs: str, runs_by_arm) -> str:
     walls = [r.summary["wall_s"] for rs in runs_by_arm.values() for r in rs if r.summary]
     attempts = 0.0
@@ -342,7 +326,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         ".venv/bin/python -m experiments.repro.sweep report --runs RUNS   # this file + docs/repro_*.png\n"
         "```\n",
         f"Compute: {compute_used(runs, runs_by_arm)}\n",
-        code_versions(runs, runs_by_arm) + "\n",
+        results.code_versions(runs, runs_by_arm) + " " + results.tool_timeouts(runs_by_arm) + "\n",
         "## Which runs exist\n", sft_status(runs, seeds) + "\n",
         status_table(runs_by_arm, seeds) + "\n",
         "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",

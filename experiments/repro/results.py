@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from experiments.repro import sweep
+from sao import provenance
 
 # A run has collapsed at the first held-out evaluation this far below its
 # pass@1 before RL (absolute), and never comes back above the start.
@@ -136,3 +137,33 @@ def time_to(run: Run, target: float) -> float | None:
         if acc >= target:
             return t
     return None
+
+
+def tool_timeouts(runs_by_arm) -> str:
+    """Finished runs whose tool calls timed out (``rollout/tool_timeouts``, mean per episode
+    over RL steps; recorded by runs since it exists)."""
+    hit, recorded = [], 0
+    for rs in runs_by_arm.values():
+        for r in done(rs):
+            m = r.mean_of("rollout/tool_timeouts")
+            if m is not None:
+                recorded += 1
+                if m > 0:
+                    hit.append(f"`{r.arm}` seed {r.seed} ({m:.3f})")
+    return (f"Tool calls that hit their 5 s wall-clock limit (mean per training episode): "
+            f"{', '.join(hit) or 'none'} among {recorded} finished run(s) that record it.")
+
+
+def code_versions(runs: str, runs_by_arm) -> str:
+    """Which code produced the finished runs (their ``run_info.jsonl``, one record per start)."""
+    versions, unrecorded = {}, 0
+    for rs in runs_by_arm.values():
+        for r in done(rs):
+            starts = provenance.read_run_info(sweep.run_dir(runs, r.arm, r.seed))
+            if not starts:
+                unrecorded += 1
+            for v in {s["code_version"] for s in starts}:
+                versions[v] = versions.get(v, 0) + 1
+    listed = ", ".join(f"`{v}` ({n} run{'s' if n > 1 else ''})" for v, n in sorted(versions.items()))
+    return (f"Code versions (`git describe` per start of a run, `run_info.jsonl`): "
+            f"{listed or 'none recorded'}; {unrecorded} finished run(s) predate that record.")

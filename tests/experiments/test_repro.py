@@ -138,6 +138,7 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     assert "| `sao` | SAO | done |" in text and "(n=1)" in text
     version = provenance.read_run_info(sweep.run_dir(runs, "sao", 0))[0]["code_version"]
     assert f"`{version}` (2 runs); 0 finished run(s) predate" in text
+    assert "(mean per training episode): none among 2 finished run(s)" in text
     assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
 
 
