@@ -324,6 +324,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         "nohup nice -n 19 .venv/bin/python -m experiments.repro.sweep run --runs RUNS > RUNS/sweep.log 2>&1 &\n"
         ".venv/bin/python -m experiments.repro.sweep status --runs RUNS\n"
         ".venv/bin/python -m experiments.repro.sweep report --runs RUNS   # this file + docs/repro_*.png\n"
+        ".venv/bin/python -m experiments.repro.sweep stop   --runs RUNS   # end it (never SIGSTOP it)\n"
         "```\n",
         f"Compute: {compute_used(runs, runs_by_arm)}\n",
         results.code_versions(runs, runs_by_arm) + " " + results.tool_timeouts(runs_by_arm) + "\n",

@@ -3,6 +3,7 @@
     python -m experiments.repro.sweep run    --runs /work/repro-runs [--arms sao,grpo] [--seeds 0,1,2]
     python -m experiments.repro.sweep status --runs /work/repro-runs
     python -m experiments.repro.sweep report --runs /work/repro-runs   # RESULTS.md + docs/repro_*.png
+    python -m experiments.repro.sweep stop   --runs /work/repro-runs   # end the running driver
 
 ``run`` goes seed by seed (so that one seed's comparison is complete before
 the next starts): it trains the seed's SFT warm start once in
@@ -24,6 +25,11 @@ overrides is refused, so one runs directory never mixes budgets.
 
 Start it at low priority so that it only takes idle CPU:
 ``nohup nice -n 19 python -m experiments.repro.sweep run --runs DIR > DIR/sweep.log 2>&1 &``.
+``stop`` (or SIGTERM to the driver) ends the run in progress (SIGTERM: it
+resumes from its last checkpoint; the episodes in flight are dropped) without
+counting it as a failed attempt, and the driver exits. Never pause a sweep
+(SIGSTOP) to free the machine: tool calls have wall-clock limits, so every
+call in flight would come back ``[timed out]`` and train on a zero reward.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +50,15 @@ SWEEP_FILE = "sweep.json"
 SUMMARY_FILE = "summary.json"
 ATTEMPTS_FILE = "attempts.json"
 LOCK_FILE = "sweep.lock"     # one ``run`` per runs directory at a time (flock)
+_child: subprocess.Popen | None = None     # the run or SFT process in progress
+_stopping = False                          # set by SIGTERM: end the child, start nothing new
+
+
+def _on_stop(signum, frame) -> None:
+    global _stopping
+    _stopping = True
+    if _child is not None and _child.poll() is None:
+        _child.terminate()
 
 
 def run_dir(runs: str, arm: str, seed: int) -> str:
@@ -149,10 +165,17 @@ def _python_cmd(*args: str) -> list[str]:
 
 
 def _run_logged(cmd: list[str], log_path: str) -> int:
+    global _child
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n### {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         log.flush()
-        return subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+        _child = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        if _stopping:                                    # SIGTERM came before the child existed
+            _child.terminate()
+        try:
+            return _child.wait()
+        finally:
+            _child = None
 
 
 def ensure_sft(runs: str, seed: int, overrides: list[str]) -> bool:
@@ -182,8 +205,10 @@ def run_one(runs: str, arm: str, seed: int, overrides: list[str], *, max_attempt
     t0 = time.monotonic()
     rc = _run_logged(cmd, os.path.join(d, "driver.log"))
     attempts.setdefault("runs", []).append({"rc": rc, "seconds": round(time.monotonic() - t0, 1),
-                                            "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
-    if rc != 0 and sum(r["rc"] != 0 for r in attempts["runs"]) >= max_attempts:
+                                            "ended": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                            "stopped": _stopping})
+    failures = sum(r["rc"] != 0 and not r.get("stopped") for r in attempts["runs"])
+    if rc != 0 and not _stopping and failures >= max_attempts:
         attempts["gave_up"] = True
     _write_json(os.path.join(d, ATTEMPTS_FILE), attempts)
     return run_state(runs, arm, seed)
@@ -205,24 +230,56 @@ def run(runs: str, arms: list[str], seeds: list[int], overrides: list[str], *,
     lock.truncate()
     lock.write(str(os.getpid()))
     lock.flush()
+    previous = signal.signal(signal.SIGTERM, _on_stop)
     try:
         return _run_locked(runs, arms, seeds, overrides, max_attempts)
     finally:
+        signal.signal(signal.SIGTERM, previous)
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
+
+
+def stop(runs: str, timeout_s: float = 300.0) -> str:
+    """Ends the ``run`` driver of ``runs`` (SIGTERM; see the module docstring) and waits
+    until it has let go of the lock; returns what happened."""
+    path = os.path.join(os.path.abspath(runs), LOCK_FILE)
+    if not os.path.exists(path):
+        return "no sweep has run here"
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return "no sweep is running"
+        except BlockingIOError:
+            lock.seek(0)
+            pid = int(lock.read().strip())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return f"stopped the sweep (pid {pid})"
+            except BlockingIOError:
+                time.sleep(0.5)
+    raise TimeoutError(f"the sweep (pid {pid}) still holds {path} after {timeout_s:.0f} s")
 
 
 def _run_locked(runs, arms, seeds, overrides, max_attempts) -> dict:
     states = {}
     for seed in seeds:
         check_shared_sft(arms, seed, overrides)
-        if not ensure_sft(runs, seed, overrides):
+        if _stopping:
+            break
+        if not ensure_sft(runs, seed, overrides) and not _stopping:
             print(f"seed {seed}: SFT failed (see {sft_dir(runs, seed)}/driver.log)", flush=True)
             states.update({(a, seed): run_state(runs, a, seed) for a in arms})
             continue
         for arm in arms:
+            if _stopping:
+                break
             states[(arm, seed)] = run_one(runs, arm, seed, overrides, max_attempts=max_attempts)
             print(f"{time.strftime('%H:%M:%S')} {arm} seed {seed}: {states[(arm, seed)]}", flush=True)
+    if _stopping:
+        print(f"{time.strftime('%H:%M:%S')} stopped (SIGTERM)", flush=True)
     return states
 
 
@@ -250,7 +307,7 @@ def status(runs: str, arms: list[str], seeds: list[int]) -> str:
 def _parse(argv):
     p = argparse.ArgumentParser(prog="python -m experiments.repro.sweep",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("command", choices=("run", "status", "report", "sft"))
+    p.add_argument("command", choices=("run", "status", "report", "sft", "stop"))
     p.add_argument("--runs", required=True, help="runs directory (outside the repository)")
     p.add_argument("--arms", default=",".join(ARM_NAMES), help="comma-separated arms")
     p.add_argument("--seeds", default=",".join(map(str, base.SEEDS)))
@@ -281,6 +338,8 @@ def main(argv=None) -> int:
         return 0 if all(s == "done" for s in states.values()) else 1
     elif args.command == "status":
         print(status(os.path.abspath(args.runs), arms, seeds))
+    elif args.command == "stop":
+        print(stop(args.runs))
     else:
         from experiments.repro import report
         report.write_report(os.path.abspath(args.runs), args.out, args.plots, arms=arms,

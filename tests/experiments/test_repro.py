@@ -172,3 +172,44 @@ def test_one_sweep_at_a_time_per_runs_directory(tmp_path):
         held.flush()
         with pytest.raises(RuntimeError, match="pid 4242"):
             sweep.run(runs, ["sao"], [0], [])
+
+
+_DRIVER = """
+import sys
+sys.path.insert(0, {root!r})
+from experiments.repro import sweep
+sweep.check_shared_sft = lambda *args: None
+marker = {reversed_marker!r}[::-1]   # spelt backwards here: only the fake run's command has it
+sweep._python_cmd = lambda *args: [sys.executable, "-c", "import time; time.sleep(120)", marker]
+sweep.run({runs!r}, ["sao", "grpo"], [0], [])
+"""
+
+
+def test_stop_ends_the_run_in_progress_without_counting_a_failure(tmp_path):
+    import subprocess
+    import time
+    import uuid
+    runs, marker = str(tmp_path / "runs"), f"sweep-stop-{uuid.uuid4().hex}"
+    os.makedirs(os.path.join(sweep.sft_dir(runs, 0), "sft"))
+    with open(os.path.join(sweep.sft_dir(runs, 0), "sft", "result.json"), "w") as f:
+        f.write("{}")                                     # the seed's SFT exists: runs start at once
+    assert sweep.stop(runs) == "no sweep has run here"
+    driver = subprocess.Popen([sys.executable, "-c", _DRIVER.format(
+        root=ROOT, runs=runs, reversed_marker=marker[::-1])])
+
+    def children():
+        out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+        return out.split()
+
+    deadline = time.monotonic() + 60
+    while not children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert children(), "the fake run never started"
+    assert sweep.stop(runs, timeout_s=60) == f"stopped the sweep (pid {driver.pid})"
+    assert driver.wait(timeout=30) == 0                   # the driver returned (no traceback)
+    assert not children()                                 # the run in progress was ended
+    attempts = json.load(open(os.path.join(sweep.run_dir(runs, "sao", 0), sweep.ATTEMPTS_FILE)))
+    assert [(a["rc"], a["stopped"]) for a in attempts["runs"]] == [(-15, True)]
+    assert sweep.run_state(runs, "sao", 0) != "failed" and "gave_up" not in attempts
+    assert not os.path.exists(sweep.run_dir(runs, "grpo", 0))   # nothing new started
+    assert sweep.stop(runs) == "no sweep is running"
