@@ -88,7 +88,7 @@ def test_table_lists_the_parts_with_their_share():
     assert "Where the 100 s went" in text
     assert "waiting for the fleet" in text and "12.0%" in text   # rl/update 12 s of 100
     assert "CPU s" in text and "11.5" in text                      # the setup's CPU
-    assert "rollout worker processes" in text and "80.0" in text
+    assert "CPU only: rollout workers" in text and "80.0" in text
 
 
 def test_process_clocks():

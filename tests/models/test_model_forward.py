@@ -200,4 +200,7 @@ def test_ragged_moe_equals_dense_with_gradients():
     (l2, g2) = jax.jit(jax.value_and_grad(lambda st: loss(ragged_gd, st)))(state)
     np.testing.assert_allclose(l1, l2, atol=1e-4)  # a sum of ~8k terms
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        # f32 summation-order rounding scales with each gradient's magnitude (the embedding's
+        # reaches ~180, its small entries then differ by ~5e-5): the absolute tolerance is
+        # relative to the leaf's largest entry (observed differences <= 6e-7 of it).
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6 * float(np.abs(b).max()))
