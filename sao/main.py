@@ -125,12 +125,13 @@ def _use_compilation_cache() -> str:
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a short error (exit 1) instead of a traceback when
-    ``--config`` names no loadable file or a ``--config.*`` override names no field."""
+    """absl's flag parsing, with a short error (exit 1) instead of a traceback when a
+    ``--config.*`` override names no field (a missing ``--config`` file only fails when the
+    config is first read: `main` reports it)."""
     try:
         return app.parse_flags_with_usage(argv)
-    except (OSError, AttributeError, KeyError) as e:
-        inner = e.__cause__ if isinstance(e, OSError) and e.__cause__ else e
+    except (AttributeError, KeyError) as e:
+        inner = e
         while inner.args and isinstance(inner.args[0], BaseException):
             inner = inner.args[0]
         detail = inner.args[0] if inner.args and isinstance(inner.args[0], str) else str(inner)
