@@ -35,6 +35,12 @@ def einsum_parts(spec: str) -> tuple[str, str, str] | None:
     return (ops[0], ops[1], out) if len(ops) == 2 else None
 
 
+def _row_major(x: jax.Array) -> jax.Array:
+    """``x`` constrained to be row-major in memory (a layout constraint: XLA
+    inserts a copy where ``x`` would otherwise be laid out differently)."""
+    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
+
+
 def transposed_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     """``a.T @ b`` accumulated in float32: a [N, K], b [N, M] -> f32[K, M].
 
@@ -49,10 +55,7 @@ def transposed_dot(a: jax.Array, b: jax.Array) -> jax.Array:
     form after having chosen bf16 (a runtime error). Other platforms get the
     plain product."""
     def cpu(a, b):
-        row_major = Layout(major_to_minor=(0, 1))
-        at = with_layout_constraint(a.T, row_major)
-        return with_layout_constraint(jnp.dot(at, b, preferred_element_type=jnp.float32),
-                                      row_major)
+        return _row_major(jnp.dot(_row_major(a.T), b, preferred_element_type=jnp.float32))
 
     def default(a, b):
         return jnp.einsum("nk,nm->km", a, b, preferred_element_type=jnp.float32)
@@ -68,8 +71,7 @@ def product_as_written(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     gets a transposed copy. On CPU the result is pinned row-major with a
     layout constraint; other platforms get the plain product."""
     def cpu(x, y):
-        out = jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
-        return with_layout_constraint(out, Layout(major_to_minor=tuple(range(out.ndim))))
+        return _row_major(jnp.einsum(spec, x, y, preferred_element_type=jnp.float32))
 
     def default(x, y):
         return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
