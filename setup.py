@@ -40,11 +40,13 @@ EXTRAS = {
         "ipykernel>=6.29,<8",
         "matplotlib>=3.8,<4",
         "pandas>=2.2,<3",
+        "scipy>=1.11,<2",  # t intervals in the reproduction report
     ],
     "notebooks": [
         "jupyterlab>=4,<5",
         "matplotlib>=3.8,<4",
         "pandas>=2.2,<3",
+        "scipy>=1.11,<2",
         "nbclient>=0.10,<1",
         "ipykernel>=6.29,<8",
         "tensorboard>=2.16,<3",  # the viewer for a run's tb/ events

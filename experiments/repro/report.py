@@ -69,6 +69,45 @@ def main_table(runs_by_arm) -> str:
                    f"collapse (≥{int(100 * results.COLLAPSE_DROP)} points below start)"], rows)
 
 
+def _final(r):
+    return r.summary["accuracy_after"]
+
+
+def _change(r):
+    return r.summary["accuracy_after"] - r.summary["accuracy_before"]
+
+
+def _ev_last(r):
+    return r.mean_of("critic/explained_variance", last=10)
+
+
+def paired_table(runs_by_arm, ref: str = "sao") -> str:
+    """Each arm minus ``ref`` on the same seed (same warm start, same held-out prompts)."""
+    rows = []
+    arms = MAIN + CRITIC[1:3] + ["grpo_sync"] + [a for a, _ in STALENESS]
+    for arm in _present(runs_by_arm, list(dict.fromkeys(arms))):
+        if arm == ref:
+            continue
+        rows.append([f"`{arm}`",
+                     *(results.points_interval(results.paired(runs_by_arm, arm, ref, f))
+                       for f in (_final, _change, _ev_last))])
+    return _table(["arm", f"final pass@1 − `{ref}`'s (points)", f"change during RL − `{ref}`'s (points)",
+                   f"EV last 10 steps − `{ref}`'s (×100)"], rows)
+
+
+def eval_noise(runs_by_arm) -> str:
+    """The binomial standard error of one run's final pass@1 (one sample per held-out prompt)."""
+    ses = [np.sqrt(p * (1 - p) / n) for rs in runs_by_arm.values() for r in done(rs)
+           if (n := r.summary.get("eval_prompts")) and (p := r.summary["accuracy_after"]) is not None]
+    if not ses:
+        return ""
+    return (f"One evaluation is itself a sample: at these pass@1 values and "
+            f"{max(r.summary.get('eval_prompts', 0) for rs in runs_by_arm.values() for r in done(rs))} "
+            f"prompts its binomial standard error is {100 * min(ses):.1f}-{100 * max(ses):.1f} points, "
+            f"so the difference of two runs carries ~{100 * np.sqrt(2) * np.median(ses):.1f} points of "
+            "evaluation noise before any seed-to-seed effect.")
+
+
 def critic_table(runs_by_arm) -> str:
     rows = []
     for arm in _present(runs_by_arm, CRITIC):
@@ -332,6 +371,13 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         status_table(runs_by_arm, seeds) + "\n",
         "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",
         f"![held-out pass@1]({rel}/repro_main.png)\n",
+        "### Paired against SAO\n",
+        "Per seed, the arm's number minus `sao`'s on the same seed: both start from that seed's "
+        "SFT warm start and are evaluated on the same held-out prompts, so the spread between "
+        "warm starts (most of the ± above) cancels. Mean over seeds with a 95% Student-t "
+        "interval; an interval that contains 0 means no difference is shown at this n. "
+        + eval_noise(runs_by_arm) + "\n",
+        paired_table(runs_by_arm) + "\n",
         "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
         "Explained variance is the learner's `critic/explained_variance`: measured on each new "
         "batch *before* the critic's K steps on it (see the explained-variance study below).\n",

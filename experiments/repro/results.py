@@ -167,3 +167,46 @@ def code_versions(runs: str, runs_by_arm) -> str:
     listed = ", ".join(f"`{v}` ({n} run{'s' if n > 1 else ''})" for v, n in sorted(versions.items()))
     return (f"Code versions (`git describe` per start of a run, `run_info.jsonl`): "
             f"{listed or 'none recorded'}; {unrecorded} finished run(s) predate that record.")
+
+
+def paired(runs_by_arm, arm: str, ref: str, value) -> list[float]:
+    """``value(run of arm) - value(run of ref)`` for every seed both arms have finished.
+
+    Arms of one seed start from the same SFT warm start and held-out prompts, so the
+    per-seed difference removes the spread between warm starts (the largest part of the
+    spread over seeds here). ``value``: ``Run -> float | None``; seeds where either is
+    None are left out."""
+    refs = {r.seed: value(r) for r in done(runs_by_arm.get(ref, []))}
+    out = []
+    for r in done(runs_by_arm.get(arm, [])):
+        a, b = value(r), refs.get(r.seed)
+        if a is not None and b is not None:
+            out.append(float(a) - float(b))
+    return out
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, float, float] | None:
+    """``(mean, low, high)``: Student-t interval of the mean at ``level`` (two-sided).
+
+    None for fewer than 2 values (no spread to estimate). Raises ValueError if ``level``
+    is not in (0, 1)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    vals = np.asarray([float(v) for v in values], np.float64)
+    if vals.size < 2:
+        return None
+    from scipy import stats
+    m = float(vals.mean())
+    half = float(stats.t.ppf(0.5 + level / 2, vals.size - 1) * vals.std(ddof=1) / np.sqrt(vals.size))
+    return m, m - half, m + half
+
+
+def points_interval(values) -> str:
+    """Differences of fractions as ``+d points [lo, hi] (n)`` (95% t interval; '—' for none)."""
+    vals = [100 * float(v) for v in values]
+    if not vals:
+        return "—"
+    if len(vals) == 1:
+        return f"{vals[0]:+.1f} (n=1)"
+    m, lo, hi = t_interval(vals)
+    return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}] (n={len(vals)})"

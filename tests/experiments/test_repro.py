@@ -83,7 +83,10 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
                         seeds=[0, 1, 2])
     text = out.read_text()
     assert text.count("| pending | pending | pending |") == len(ARM_NAMES)
-    assert "%" not in text.split("## Held-out pass@1")[1].split("## Value model")[0]
+    assert "%" not in text.split("## Held-out pass@1")[1].split("### Paired against SAO")[0]
+    paired_rows = text.split("### Paired against SAO")[1].split("## Value model")[0].splitlines()
+    paired_rows = [r for r in paired_rows if r.startswith("| `")]
+    assert len(paired_rows) == 12 and all(r.endswith("| — | — | — |") for r in paired_rows)
     assert "Not measured yet" in text
     assert "none recorded; 0 finished run(s) predate" in text
     assert sorted(os.listdir(plots)) == sorted(f"repro_{n}.png" for n in (
@@ -102,6 +105,25 @@ def test_collapse_and_time_to_target():
     assert run.collapse_step() is None
     rl[3]["time_s"] = 5.0                              # a resumed run's clock restarts
     assert run.timed_evals() == []
+
+
+def test_paired_differences_and_t_interval():
+    def run(arm, seed, after, state="done"):
+        return results.Run(arm, seed, state, {"accuracy_after": after}, [])
+    runs = {"sao": [run("sao", 0, 0.5), run("sao", 1, 0.4), run("sao", 2, 0.7, "partial")],
+            "grpo": [run("grpo", 0, 0.6), run("grpo", 1, 0.3), run("grpo", 2, 0.9)]}
+    final = lambda r: r.summary["accuracy_after"]                       # noqa: E731
+    # seed 2 of sao has not finished: that seed is not paired
+    assert results.paired(runs, "grpo", "sao", final) == pytest.approx([0.1, -0.1])
+    assert results.paired(runs, "vapo", "sao", final) == []
+    m, lo, hi = results.t_interval([1.0, 2.0, 3.0])
+    # hand: sd 1, se 1/sqrt(3), t_{0.975, 2 df} = 4.3027
+    assert m == 2.0 and hi - m == pytest.approx(4.3027 / 3 ** 0.5, rel=1e-4) and m - lo == hi - m
+    assert results.t_interval([1.0]) is None
+    with pytest.raises(ValueError, match="level"):
+        results.t_interval([1.0, 2.0], level=1.0)
+    assert results.points_interval([0.01, 0.02, 0.03]) == "+2.0 [-0.5, +4.5] (n=3)"
+    assert results.points_interval([0.05]) == "+5.0 (n=1)" and results.points_interval([]) == "—"
 
 
 SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64",
