@@ -165,20 +165,33 @@ def _hist_text(counts) -> str:
     return " / ".join(f"{100 * s:.0f}" for s in share) + " %"
 
 
+def _drift(run: results.Run) -> dict:
+    """``drift_summary`` recomputed from the run's records (the summary.json copy of a run
+    may predate a fix of the measure), at the arm's recovery settings."""
+    from sao.envs.drift import drift_summary
+    env = sweep.arm_config(run.arm, run.seed, []).env
+    return drift_summary(run.rl, tuple(env.drift_schedule),
+                         recovery_fraction=env.drift_recovery_fraction,
+                         window=env.drift_recovery_window)
+
+
 def drift_table(runs_by_arm) -> str:
     rows = []
+    n_sw = len(base.DRIFT_SWITCHES)
     for arm in _present(runs_by_arm, DRIFT):
-        d = [r for r in done(runs_by_arm[arm]) if "drift" in r.summary]
-        lags = [r.summary["drift"]["adaptation_lag"] for r in d]
-        n_sw = len(base.DRIFT_SWITCHES)
+        summaries = [_drift(r) for r in done(runs_by_arm[arm])]
         per_switch = []
         for i in range(n_sw):
-            vals = [lag[i] for lag in lags if i < len(lag)]
-            rec = [v for v in vals if v is not None]
-            per_switch.append(f"{stat(rec)}; recovered {len(rec)}/{len(vals)}" if vals else "—")
-        phases = [r.summary["drift"]["phase_reward"] for r in d]
-        phase_s = " / ".join(stat([p[i] for p in phases if i < len(p)]) for i in range(n_sw + 1))
-        rows.append([f"`{arm}`", *per_switch, phase_s if d else "—"])
+            with_level = [s for s in summaries if s["levels"][i] is not None]
+            lags = [s["adaptation_lag"][i] for s in with_level if s["adaptation_lag"][i] is not None]
+            cell = (f"{stat(lags)}; recovered {len(lags)}/{len(with_level)}" if lags else
+                    f"not recovered (0/{len(with_level)})" if with_level else "—")
+            if len(with_level) < len(summaries):
+                cell += f"; {len(summaries) - len(with_level)} with nothing to recover"
+            per_switch.append(cell)
+        phase_s = " / ".join(stat([s["phase_reward"].get(str(i)) for s in summaries])
+                             for i in range(n_sw + 1))
+        rows.append([f"`{arm}`", *per_switch, phase_s if summaries else "—"])
     return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in base.DRIFT_SWITCHES],
                    "mean reward per phase"], rows)
 
@@ -389,7 +402,8 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
         "## Simulated online learning (drifting reward)\n",
         f"The rewarded answer style switches at steps {base.DRIFT_SWITCHES}; adaptation lag = "
         "policy versions until the batch reward is back at 90% of its level before the switch "
-        "(`sao.envs.drift.drift_summary`; not recovered = none).\n",
+        "(`sao.envs.drift.drift_summary`; a switch after a phase of zero reward has nothing to "
+        "recover and no lag).\n",
         drift_table(runs_by_arm) + "\n", f"![drift]({rel}/repro_drift.png)\n",
         "## Time to a target accuracy: SAO asynchronous vs GRPO synchronous\n",
         (f"Target: held-out pass@1 ≥ {100 * target:.1f}% (90% of the lower of the two arms' "

@@ -193,7 +193,9 @@ def drift_summary(records: Sequence[Mapping[str, Any]], switch_steps: Sequence[i
     to recover is ``recovery_fraction`` times the mean ``rollout/reward`` of
     the last ``window`` versions before ``s``, and the lag is
     :func:`adaptation_lag` at that level (None: not recovered before the next
-    switch or the end of the run, or no reward logged before the switch).
+    switch or the end of the run). A switch with no reward logged before it,
+    or a mean reward of 0 there, has nothing to recover: level and lag None
+    (a level of 0 would count any reward, even 0, as recovered).
 
     Args:
       records: per-step metric dicts of the RL phase (``sao.run_metrics.read_metrics``).
@@ -217,7 +219,9 @@ def drift_summary(records: Sequence[Mapping[str, Any]], switch_steps: Sequence[i
     lags: list[int | None] = []
     for i, s in enumerate(switches):
         before = [r for v, r in zip(versions, rewards) if v < s][-window:]
-        level = recovery_fraction * float(np.mean(before)) if before else None
+        # nothing to recover when no reward was logged before the switch, or it was 0
+        level = (recovery_fraction * float(np.mean(before))
+                 if before and float(np.mean(before)) > 0 else None)
         levels.append(level)
         lags.append(None if level is None else adaptation_lag(
             versions, rewards, switches, level=level, window=window)[i])

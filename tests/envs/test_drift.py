@@ -96,6 +96,11 @@ def test_drift_summary_from_run_records():
     assert drift_summary(records, [4], window=2)["adaptation_lag"] == [None]
     # A switch before any logged reward has no level to recover.
     assert drift_summary(records[4:], [2, 4])["levels"][0] is None
+    # Nor one after a phase of zero reward (0.9 x 0 would call any reward "recovered").
+    zero = [{"step": i, "env/learner_step": i, "rollout/reward": r}
+            for i, r in enumerate([0.5, 0.5, 0.0, 0.0, 0.0, 0.0])]
+    out = drift_summary(zero, [2, 4], window=1)
+    assert out["levels"] == [pytest.approx(0.45), None] and out["adaptation_lag"] == [None, None]
 
 
 class _FakeJudge(http.server.BaseHTTPRequestHandler):

@@ -126,6 +126,27 @@ def test_paired_differences_and_t_interval():
     assert results.points_interval([0.05]) == "+5.0 (n=1)" and results.points_interval([]) == "—"
 
 
+def test_drift_table_recomputes_adaptation_from_the_records():
+    s1, s2 = base.DRIFT_SWITCHES
+
+    def run(seed, rewards):
+        rl = [{"step": v + 1, "env/learner_step": v, "rollout/reward": r}
+              for v, r in enumerate(rewards)]
+        return results.Run("drift_sao", seed, "done", {"drift": "stale copy, not read"}, rl)
+    # seed 0 is back at full reward 2 versions after the first switch (lag: the version where
+    # the last `window` rewards first average above the level); seed 1 never finds the style
+    # (reward 0 from the switch on: the second switch has nothing to recover)
+    ok = [1.0] * s1 + [0.0, 0.5, 1.0, 1.0, 1.0] + [1.0] * (s2 - s1 - 5) + [1.0] * 10
+    lost = [1.0] * s1 + [0.0] * (s2 - s1 + 10)
+    table = report.drift_table({"drift_sao": [run(0, ok), run(1, lost)]})
+    row = next(r for r in table.splitlines() if r.startswith("| `drift_sao`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    window = sweep.arm_config("drift_sao", 0, []).env.drift_recovery_window
+    assert cells[1] == f"{float(2 + window - 1):.3f} (n=1); recovered 1/2"
+    assert cells[2] == f"{float(window - 1):.3f} (n=1); recovered 1/1; 1 with nothing to recover"
+    assert cells[3].startswith("1.000 ± 0.000 (n=2) / ")
+
+
 SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64",
          "eval.num_prompts=4", "eval.every=0", "critic.value_pretrain_steps=1",
          "train.value_pretrain_trajectories=8", "rollout.num_workers=1",
