@@ -184,11 +184,12 @@ def drift_table(runs_by_arm) -> str:
         for i in range(n_sw):
             with_level = [s for s in summaries if s["levels"][i] is not None]
             lags = [s["adaptation_lag"][i] for s in with_level if s["adaptation_lag"][i] is not None]
-            cell = (f"{stat(lags)}; recovered {len(lags)}/{len(with_level)}" if lags else
-                    f"not recovered (0/{len(with_level)})" if with_level else "—")
+            parts = ([f"{stat(lags)}; recovered {len(lags)}/{len(with_level)}"] if lags else
+                     [f"not recovered (0/{len(with_level)})"] if with_level else [])
             if len(with_level) < len(summaries):
-                cell += f"; {len(summaries) - len(with_level)} with nothing to recover"
-            per_switch.append(cell)
+                parts.append(f"nothing to recover in {len(summaries) - len(with_level)} "
+                             f"of {len(summaries)} seeds (zero reward before the switch)")
+            per_switch.append("; ".join(parts) or "—")
         phase_s = " / ".join(stat([s["phase_reward"].get(str(i)) for s in summaries])
                              for i in range(n_sw + 1))
         rows.append([f"`{arm}`", *per_switch, phase_s if summaries else "—"])

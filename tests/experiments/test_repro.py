@@ -143,7 +143,8 @@ def test_drift_table_recomputes_adaptation_from_the_records():
     cells = [c.strip() for c in row.strip("|").split("|")]
     window = sweep.arm_config("drift_sao", 0, []).env.drift_recovery_window
     assert cells[1] == f"{float(2 + window - 1):.3f} (n=1); recovered 1/2"
-    assert cells[2] == f"{float(window - 1):.3f} (n=1); recovered 1/1; 1 with nothing to recover"
+    assert cells[2] == (f"{float(window - 1):.3f} (n=1); recovered 1/1; nothing to recover in 1 "
+                        "of 2 seeds (zero reward before the switch)")
     assert cells[3].startswith("1.000 ± 0.000 (n=2) / ")
 
 
