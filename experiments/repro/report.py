@@ -97,15 +97,16 @@ def paired_table(runs_by_arm, ref: str = "sao") -> str:
 
 def eval_noise(runs_by_arm) -> str:
     """The binomial standard error of one run's final pass@1 (one sample per held-out prompt)."""
-    ses = [np.sqrt(p * (1 - p) / n) for rs in runs_by_arm.values() for r in done(rs)
-           if (n := r.summary.get("eval_prompts")) and (p := r.summary["accuracy_after"]) is not None]
-    if not ses:
+    evals = [(r.summary["eval_prompts"], r.summary["accuracy_after"])
+             for rs in runs_by_arm.values() for r in done(rs) if r.summary.get("eval_prompts")]
+    if not evals:
         return ""
+    ses = [np.sqrt(p * (1 - p) / n) for n, p in evals]
     return (f"One evaluation is itself a sample: at these pass@1 values and "
-            f"{max(r.summary.get('eval_prompts', 0) for rs in runs_by_arm.values() for r in done(rs))} "
-            f"prompts its binomial standard error is {100 * min(ses):.1f}-{100 * max(ses):.1f} points, "
-            f"so the difference of two runs carries ~{100 * np.sqrt(2) * np.median(ses):.1f} points of "
-            "evaluation noise before any seed-to-seed effect.")
+            f"{max(n for n, _ in evals)} prompts its binomial standard error is "
+            f"{100 * min(ses):.1f}-{100 * max(ses):.1f} points, so the difference of two runs "
+            f"carries ~{100 * np.sqrt(2) * np.median(ses):.1f} points of evaluation noise before "
+            "any seed-to-seed effect.")
 
 
 def critic_table(runs_by_arm) -> str:
@@ -165,11 +166,10 @@ def _hist_text(counts) -> str:
     return " / ".join(f"{100 * s:.0f}" for s in share) + " %"
 
 
-def _drift(run: results.Run) -> dict:
+def _drift(run: results.Run, env) -> dict:
     """``drift_summary`` recomputed from the run's records (the summary.json copy of a run
-    may predate a fix of the measure), at the arm's recovery settings."""
+    may predate a fix of the measure), at the arm's recovery settings (``env``: its config)."""
     from sao.envs.drift import drift_summary
-    env = sweep.arm_config(run.arm, run.seed, []).env
     return drift_summary(run.rl, tuple(env.drift_schedule),
                          recovery_fraction=env.drift_recovery_fraction,
                          window=env.drift_recovery_window)
@@ -179,7 +179,8 @@ def drift_table(runs_by_arm) -> str:
     rows = []
     n_sw = len(base.DRIFT_SWITCHES)
     for arm in _present(runs_by_arm, DRIFT):
-        summaries = [_drift(r) for r in done(runs_by_arm[arm])]
+        env = sweep.arm_config(arm, 0, []).env          # drift settings: the same for every seed
+        summaries = [_drift(r, env) for r in done(runs_by_arm[arm])]
         per_switch = []
         for i in range(n_sw):
             with_level = [s for s in summaries if s["levels"][i] is not None]
