@@ -30,6 +30,7 @@ EXTRAS = {
     "test": [
         "pytest>=8,<10",
         "pytest-timeout>=2.3",
+        "pytest-xdist>=3.8,<4",  # make test: -n 2 --dist loadgroup
         "hypothesis>=6.100,<7",
         "cryptography>=42",  # self-signed certificates in tests/rpc (TLS)
         "chex>=0.1.90,<0.2",

@@ -5,3 +5,45 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _flag = "--xla_force_host_platform_device_count=8"
 if _flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+
+
+# `make test` runs on pytest-xdist workers (tests/README.md). A module's tests
+# stay on one worker (its module fixtures and compiled functions are made once);
+# the modules of one SHARED group share a per-process artefact and stay on one
+# worker together. Groups with slow tests start first, the short ones fill in
+# at the end. (xdist's own `xdist_group` mark does nothing under pytest 9.2:
+# it renames `item._nodeid`, which pytest no longer reads.)
+import pytest  # noqa: E402
+
+SHARED = {
+    "tiny_run": ("tests/test_main.py", "tests/notebooks/test_analyze_run_notebook.py",
+                 "tests/notebooks/test_trajectory_viewer_notebook.py"),   # test_main_support
+    "shared_learner": ("tests/learner/test_update.py", "tests/analysis/test_token_table.py",
+                       "tests/test_ckpt.py"),                            # learner/helpers.py
+}
+_GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
+
+
+def scope(nodeid: str) -> str:
+    """The xdist work unit of a test: its SHARED group, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return _GROUP_OF.get(module, module)
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = {scope(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (scope(item.nodeid) not in slow, order[id(item)]))
+
+
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist, when installed
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load``, ``loadscope`` or ``loadgroup``: work units of :func:`scope`."""
+    if config.getvalue("dist") not in ("load", "loadscope", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedScopeScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+    return SharedScopeScheduling(config, log)

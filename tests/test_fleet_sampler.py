@@ -11,8 +11,10 @@ import pytest
 
 from sao.evaluation import FleetSampler
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
-from tests.fleet.helpers import VOCAB, prompts
-from tests.fleet.test_sample_jobs import temperature_worker
+# tests/ is on sys.path (pytest puts the rootdir conftest's directory there); the name
+# "tests" is not ours to import: a package may install its own top-level one.
+from fleet.helpers import VOCAB, prompts
+from fleet.test_sample_jobs import temperature_worker
 
 
 @dataclasses.dataclass

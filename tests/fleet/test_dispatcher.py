@@ -1,5 +1,9 @@
 """Dispatcher + workers over real gRPC on 127.0.0.1 (simulated engine)."""
 
+import asyncio
+import dataclasses
+import threading
+
 import numpy as np
 import pytest
 
@@ -69,13 +73,39 @@ def test_sync_mode_is_a_barrier_and_on_policy():
     assert len(trained) == 24 and checks == [(0, 0)] * 4
 
 
+class HalfwayEngine(sim.SimulatedEngine):
+    """Generates half of each completion, waits for ``go``, then the rest: an episode that is
+    mid-way whatever the machine's speed (a fixed latency raced the pushes under load)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.halfway, self.go = threading.Event(), threading.Event()
+
+    async def generate(self, prompt_tokens, params):
+        n = params.max_new_tokens
+        first = await super().generate(prompt_tokens, dataclasses.replace(params, max_new_tokens=n // 2))
+        self.halfway.set()
+        while not self.go.is_set():
+            await asyncio.sleep(0.01)
+        rest = await super().generate(prompt_tokens,
+                                      dataclasses.replace(params, max_new_tokens=n - n // 2))
+        return dataclasses.replace(first, tokens=first.tokens + rest.tokens,
+                                   logprobs=first.logprobs + rest.logprobs,
+                                   versions=first.versions + rest.versions)
+
+
 def test_weights_swap_mid_episode_and_tokens_record_versions():
     cfg = DispatcherConfig(batch_size=1, vocab_size=VOCAB, tau=10)
-    with sim_worker(seconds_per_token=1e-3) as w, \
+
+    def make():
+        engine = HalfwayEngine(seconds_per_token=1e-4, chunk_tokens=8)
+        return engine, sim.make_sim_episode_fn(engine)
+    with ThreadedWorker(make, WorkerConfig(max_concurrency=4)) as w, \
             Dispatcher([w.address], [{"prompt_id": "a", "length": 400}], cfg) as d:
-        wait_until(lambda: w.engine.tokens_generated > 0)     # mid-episode, at version 0
+        assert w.engine.halfway.wait(30)                      # mid-episode, at version 0
         assert d.push_weights(1, "ckpt/1") == {w.address: 1}
         assert d.push_weights(2, "ckpt/2") == {w.address: 2}
+        w.engine.go.set()
         [t] = d.get_batch(timeout=30)
         assert w.engine.weight_uris == ["ckpt/1", "ckpt/2"]
         assert d.snapshot()["workers"][w.address]["version"] == 2

@@ -7,9 +7,17 @@ with ``group_size`` copies per record, the ``Dispatcher`` over simulated
 workers on real gRPC, the ``GroupBatcher`` and ``sao.rl_loop.train``; the
 checkpoint's data_state is what ``reinforce`` saves (dispatcher + groups),
 through a real orbax checkpoint. Only the learner is a fake (it counts).
+
+Worker 1 is held back in the first life (its episodes do not finish), so the
+condition is built, not waited for: it holds at most 3 leases, fewer than a
+group, so every group it holds a member of has other members that reach the
+learner and stay held there (with two free workers of unequal speed ~1 run in
+5 had no checkpoint holding both held rows and copies not yet issued).
 """
+import asyncio
 import collections
 import json
+import threading
 import types
 
 import numpy as np
@@ -45,11 +53,27 @@ def records():
              "length": 4 + 7 * i % 13} for i in range(N)]
 
 
-def worker(seconds_per_token):
+class HeldEngine(sim.SimulatedEngine):
+    """A simulated engine whose completions wait until ``release`` is set."""
+
+    def __init__(self, release: threading.Event, **kwargs):
+        super().__init__(**kwargs)
+        self.release = release
+
+    async def generate(self, prompt_tokens, params):
+        completion = await super().generate(prompt_tokens, params)
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        return completion
+
+
+def worker(seconds_per_token, release: threading.Event | None = None):
     def make():
-        engine = sim.SimulatedEngine(seconds_per_token=seconds_per_token, chunk_tokens=2)
+        engine = (sim.SimulatedEngine(seconds_per_token=seconds_per_token, chunk_tokens=2)
+                  if release is None else HeldEngine(release, seconds_per_token=seconds_per_token,
+                                                     chunk_tokens=2))
         return engine, sim.make_sim_episode_fn(engine)
-    return ThreadedWorker(make, WorkerConfig(max_concurrency=3))
+    return ThreadedWorker(make, WorkerConfig(max_concurrency=3))   # < G: no whole group on one
 
 
 def life(addresses, data_state, trained, *, start_step, kill_when=None):
@@ -92,7 +116,8 @@ def life(addresses, data_state, trained, *, start_step, kill_when=None):
 
 def test_grpo_groups_survive_a_learner_killed_after_a_checkpoint(tmp_path):
     trained: list[list[tuple]] = []
-    ws = [worker(1e-3), worker(3e-3)]          # unequal speeds: groups finish out of order
+    release = threading.Event()
+    ws = [worker(1e-3), worker(1e-3, release)]  # worker 1 held back in the first life
     try:
         addresses = [w.address for w in ws]
 
@@ -109,8 +134,10 @@ def test_grpo_groups_survive_a_learner_killed_after_a_checkpoint(tmp_path):
         with Checkpointer(str(tmp_path), async_save=False) as ckpt:
             ckpt.save(killed_at, train_state=train_state, data_state=state)
             state = ckpt.restore(target=abstract_state(train_state)).data_state
+        release.set()
         _, done, groups = life(addresses, state, trained, start_step=killed_at)
     finally:
+        release.set()
         for w in ws:
             w.stop()
     assert held > 0

@@ -7,8 +7,14 @@ One scenario, checked by the tests below (slow: two learner lives, ~5 min):
    ``UpdateWeights(version=10**6)`` without credentials;
 2. worker 0 is SIGKILLed; ``--role=all`` must restart it on its port and the
    dispatcher must use it again;
-3. the learner is SIGKILLed right after a checkpoint that holds GRPO groups
-   in pieces; its workers must exit with it;
+3. worker 1 is held back on purpose (SIGSTOP; it runs only to take each
+   weight push and to answer keepalives), so the GRPO groups with a member
+   leased to it cannot complete while their other members reach the learner:
+   a checkpoint holding groups in pieces follows within a step or two, by
+   construction rather than by chance (without the hold the fleet runs in
+   lockstep and ~1 checkpoint in 10 held one). The learner is frozen
+   (SIGSTOP) as soon as its latest checkpoint holds one, then SIGKILLed, so
+   no later checkpoint can slip in; its workers must exit with it;
 4. the same command resumes from that checkpoint and finishes the run.
 """
 import json
@@ -16,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -128,13 +135,67 @@ def attack(address: str) -> list[str]:
     return codes
 
 
-def completed(address: str, security) -> int:
+def status(address: str, security) -> sao_pb2.StatusResponse | None:
     with auth.open_channel(address, security) as channel:
         try:
             return sao_pb2_grpc.RolloutWorkerStub(channel).Status(
-                sao_pb2.StatusRequest(), timeout=5, metadata=auth.call_metadata(security)).completed
+                sao_pb2.StatusRequest(), timeout=5, metadata=auth.call_metadata(security))
         except grpc.RpcError:
-            return 0
+            return None
+
+
+def completed(address: str, security) -> int:
+    s = status(address, security)
+    return 0 if s is None else s.completed
+
+
+def version(address: str, security) -> int:
+    s = status(address, security)
+    return -1 if s is None else s.version
+
+
+class HeldBack:
+    """Holds the rollout worker ``pid`` at ``address`` back while the learner trains on
+    the worker at ``other``: SIGSTOPped, it runs only until it has taken each weight push
+    that reached ``other`` (so the learner never waits on it) and for ``WAKE_S`` every
+    ``KEEPALIVE_S`` (gRPC keepalive pings; a silent worker would be dropped and its
+    leases re-issued). Its leases stay in flight meanwhile."""
+
+    KEEPALIVE_S, WAKE_S = 3.0, 0.1
+
+    def __init__(self, pid: int, address: str, other: str, security):
+        self.pid, self.address, self.other, self.security = pid, address, other, security
+        self.wakes, self._stop = 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "HeldBack":
+        self.version = version(self.address, self.security)
+        os.kill(self.pid, signal.SIGSTOP)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(120)
+        os.kill(self.pid, signal.SIGCONT)
+
+    def _run(self) -> None:
+        woke = time.monotonic()
+        while not self._stop.wait(0.1):
+            target = version(self.other, self.security)
+            if target <= self.version and time.monotonic() - woke < self.KEEPALIVE_S:
+                continue
+            os.kill(self.pid, signal.SIGCONT)
+            deadline = time.monotonic() + (120 if target > self.version else self.WAKE_S)
+            while time.monotonic() < deadline and not self._stop.is_set():
+                self.version = max(self.version, version(self.address, self.security))
+                if self.version >= target:
+                    break
+                time.sleep(0.05)
+            if not self._stop.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+            self.wakes += 1
+            woke = time.monotonic()
 
 
 @pytest.fixture(scope="module")
@@ -163,17 +224,24 @@ def scenario(tmp_path_factory):
         security = credentials.load_security(token_file=os.path.join(workdir, "fleet.token"))
         seen["served"] = wait_for(lambda: completed(addresses[0], security), 300, run,
                                   "an episode on the restarted worker")
-        # 3. SIGKILL the learner right after a checkpoint holding groups in pieces.
+        # 3. Hold worker 1 back; SIGKILL the learner right after a checkpoint holding
+        # groups in pieces (frozen first, so that checkpoint is the latest).
         first = latest_step(workdir) + 1
 
-        def checkpoint_with_groups():
-            for step in range(first, STEPS):
-                meta = checkpoint_meta(workdir, step)
-                if meta is not None and groups_in_pieces(meta)[0]:
-                    return step
-            return None
-        wait_for(checkpoint_with_groups, 600, run, "a checkpoint with groups in pieces")
-        pids = [worker_pid(run.pid, i) for i in range(2)]
+        def latest_with_groups():
+            step = latest_step(workdir)
+            return step if step >= first and groups_in_pieces(checkpoint_meta(workdir, step))[0] \
+                else None
+        held = wait_for(lambda: worker_pid(run.pid, 1), 30, run, "worker 1")
+        with HeldBack(held, addresses[1], addresses[0], security) as hold:
+            while True:
+                wait_for(latest_with_groups, 600, run, "a checkpoint with groups in pieces")
+                run.send_signal(signal.SIGSTOP)
+                if latest_with_groups() is not None:
+                    break
+                run.send_signal(signal.SIGCONT)          # a newer one came in meanwhile
+            seen["hold"] = {"steps": latest_step(workdir) - first + 1, "wakes": hold.wakes}
+            pids = [worker_pid(run.pid, i) for i in range(2)]
         run.kill()
         run.wait()
         t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """SGLangEngine against a fake SGLang HTTP server (retries, timeouts, parsing, reloads).
 
-The real server is exercised in test_sglang_server.py; these tests pin the
+The real servers are exercised in test_sglang_restart_reload.py (sglang-jax) and
+test_sglang_real_server.py (SGLang); these tests pin the
 client's behaviour on the failure paths a real server rarely shows on demand.
 """
 import asyncio

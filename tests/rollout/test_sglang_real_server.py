@@ -21,7 +21,7 @@ from sao.rollout import SamplingParams
 from sao.rollout.sglang_engine import SGLangEngine
 from sao.rollout.sglang_server import process_group_alive
 from sglang_real import needs_real_sglang, real_server
-from test_sglang_server import CFG, recomputed
+from sglang_jax import CFG, recomputed
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang, needs_real_sglang]
 
