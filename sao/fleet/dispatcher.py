@@ -274,6 +274,8 @@ class Dispatcher(Health):
 
     def link_joined(self, link: WorkerLink, capacity: int, weights_version: int | None) -> bool:
         with self._cv:
+            if link in self._quarantined:
+                return False  # its link is retired: it stops
             current = None if self._weights is None else self._weights[0]
             if weights_version != current:
                 return False  # published meanwhile: the link syncs again
@@ -304,6 +306,8 @@ class Dispatcher(Health):
         """Why the worker (holding ``worker_version``) cannot serve now, or None."""
         with self._cv:
             stats = self.metrics.worker(link.address)
+            if link in self._quarantined:
+                return stats.problem
             reason = self._roster.check(link.address, worker_version, self._version)
             if reason is None:
                 if not self._roster.permanent(link.address):
