@@ -178,8 +178,8 @@ REFUSING = ["token_oov", "token_negative", "tokens_int64", "tokens_empty", "toke
             "tokens_dtype", "tokens_lying_shape", "too_long", "mask_none", "mask_short",
             "mask_dtype", "logprob_nonfinite", "logprob_nonfinite_off_mask", "logprob_positive",
             "logprob_implausible", "version_future", "version_negative", "reward_nonfinite",
-            "reward_huge", "finish_bad", "finish_error", "metadata_bad_value",
-            "metadata_drift_partial", "metadata_not_object", "timing_bad"]
+            "reward_huge", "finish_bad", "finish_error", "metadata_drift_partial",
+            "metadata_not_object", "timing_bad"] + ["metadata_bad_value"] * 4  # 11 keys
 NEUTRAL = ["ids_text", "epoch_group", "metadata_unknown_key", "metadata_good_value",
            "metadata_drift_complete", "logprob_at_bound", "reward_at_bound", "timing_edge",
            "finish_length", "longest"]

@@ -119,9 +119,9 @@ def test_fuzzed_rows_ten_thousand_through_the_project_learner(tmp_path):
     TOTALS.clear()
     t0 = time.perf_counter()
 
-    @settings(max_examples=260, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
               database=None)
-    @given(rows=st.lists(fuzz_rows.rows(), min_size=30, max_size=50))
+    @given(rows=st.lists(fuzz_rows.rows(), min_size=36, max_size=50))
     def fuzz(rows):
         run_rows(rows, step, checkpoint)
 
