@@ -5,15 +5,14 @@ checkpoint (the dispatcher's state as JSON) after every batch. No exception
 anywhere; every row gets one outcome: trained exactly when no refusing fault
 was applied, else dropped under a named reason, each counted once.
 
-``make test`` runs a short budget (a few seconds); the full count (>= 10,000
-rows, the project learner's SAO update, orbax checkpoints) is the slow test.
+``make test`` runs a short budget (seconds); the full count (>= 10,000 rows,
+the project learner's SAO update, orbax checkpoints) is
+``benchmarks/fuzz_rows.py`` (minutes).
 """
 import collections
 import json
-import time
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
@@ -78,56 +77,3 @@ def tiny_step():
 @given(rows=st.lists(fuzz_rows.rows(), min_size=1, max_size=30))
 def test_fuzzed_rows_short_budget(rows):
     run_rows(rows, tiny_step())
-
-
-@pytest.mark.slow
-def test_fuzzed_rows_ten_thousand_through_the_project_learner(tmp_path):
-    """>= 10,000 rows into the SAO update of a tiny model, orbax checkpoints."""
-    import jax
-    from flax import nnx
-
-    from sao.ckpt import Checkpointer, abstract_state
-    from sao.learner import LearnerConfig
-    from sao.learner.learner import Learner
-    from sao.learner.mesh import mesh_from_config
-    from sao.models import Transformer, get_preset
-
-    cfg = LearnerConfig(batch_size=B, length_buckets=(MAX_LENGTH,), critic_warmup_steps=1,
-                        shard_check="off", pad_id=0)
-    model = get_preset("tiny", hidden_size=32, intermediate_size=64, num_heads=2,
-                       num_kv_heads=1, num_layers=1)
-    mesh = mesh_from_config({"data": 1}, devices=jax.devices()[:1])
-    learner = Learner(cfg, mesh, lambda: Transformer(model, rngs=nnx.Rngs(0)))
-    states = [learner.init_states()]
-
-    def step(batch):
-        tb = make_train_batch(batch, buckets=(MAX_LENGTH,), batch_size=B, pad_id=0)
-        states[0], m = learner.update(states[0], tb)
-        assert all(np.isfinite(v) for v in m.values() if isinstance(v, float)), m
-
-    saver = Checkpointer(str(tmp_path / "ckpt"), async_save=False, max_to_keep=1)
-    train = {"step": np.zeros((), np.int32)}
-    n_ckpt = collections.Counter()
-
-    def checkpoint(state):  # an orbax checkpoint every 50 batches, restored
-        n_ckpt["batches"] += 1
-        if n_ckpt["batches"] % 50:
-            return state
-        saver.save(n_ckpt["batches"], train_state=train, data_state={"dispatcher": state})
-        return saver.restore(target=abstract_state(train)).data_state["dispatcher"]
-
-    TOTALS.clear()
-    t0 = time.perf_counter()
-
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)
-    @given(rows=st.lists(fuzz_rows.rows(), min_size=36, max_size=50))
-    def fuzz(rows):
-        run_rows(rows, step, checkpoint)
-
-    fuzz()
-    saver.close()
-    elapsed = time.perf_counter() - t0
-    print(f"fuzzed {TOTALS['rows']} rows ({TOTALS['trained']} trained) in {elapsed:.0f} s; "
-          f"drops {dict(sorted((k, v) for k, v in TOTALS.items() if k.startswith('drop/')))}")
-    assert TOTALS["rows"] >= 10_000

@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from test_main_support import ROOT, run_main  # noqa: E402
 
-LEASE_TIMEOUT_S = 20
+LEASE_TIMEOUT_S = 10
 
 
 def _start(mode: str, workdir: str) -> tuple[subprocess.Popen, str]:
@@ -48,7 +48,7 @@ def test_a_run_with_a_hostile_and_a_hung_worker_completes_and_counts_each_drop(t
             procs.append(_start(mode, workdir))
         addresses = ",".join(address for _, address in procs)
         run = run_main(workdir, 3, "--role=learner", f"--config.rollout.worker_addresses={addresses}",
-                       "--config.rollout.tau=0",
+                       "--config.rollout.tau=0", "--config.eval.every=0",  # before/after only
                        f"--config.rollout.lease_timeout_s={LEASE_TIMEOUT_S}")
     finally:
         for proc, _ in procs:
