@@ -99,6 +99,12 @@ class WorkerLink:
         self.reset()
         self._thread.join(timeout)
 
+    def retire(self) -> None:
+        """Like ``close`` without waiting: ends the stream, never reconnects
+        (safe under the owner's lock, from any thread)."""
+        self._closed.set()
+        self.reset()
+
     def send(self, request: sao_pb2.GenerateRequest) -> None:
         """Queues a request on the current stream (dropped if none: the owner
         re-issues leases of a lost link anyway)."""
@@ -228,6 +234,8 @@ class WorkerLink:
             q: queue.Queue = queue.Queue()
             self._sendq = q
             while True:  # the learner may publish while we sync: retry until current
+                if self._closed.is_set():  # closed or retired meanwhile
+                    return False
                 synced = self._sync_weights(stub, version)
                 if synced is not None:
                     version = synced
