@@ -1,0 +1,1 @@
+"""SWE-style repository tasks (work in progress; see docs/envs.md)."""
