@@ -62,7 +62,8 @@ def tier_bases(tier: str, *, download: bool = True) -> list[BaseRepo]:
         return [BaseRepo(s.name, {"kind": "sdist", "name": s.name, "version": s.version,
                                   "sha256": s.sha256},
                          load_source(s, download=download), s.src_dirs,
-                         TestSpec(pythonpath=s.pythonpath, pytest_args=s.pytest_args),
+                         TestSpec(pythonpath=s.pythonpath, pytest_args=s.pytest_args,
+                                  timeout_s=60.0),
                          4, None) for s in SOURCES.values()]
     raise ValueError(f"unknown tier {tier!r}; expected one of {TIERS}")
 
