@@ -123,7 +123,7 @@ def generate_bugs(files: Mapping[str, bytes], src_dirs: Sequence[str], *, seed: 
       src_dirs: where bugs may go (``source_paths``).
       seed: fixes the order and every modifier's choices.
       max_changed_lines: largest edit kept (lines replaced or inserted,
-        whichever is more); 1 gives one-line bugs.
+        whichever is more); 1 gives one-line bugs (exactly one line changed).
       min_complexity: overrides the modifiers' minimum entity complexity
         (tiny functions of the micro tier are below swesmith's defaults).
 
@@ -176,6 +176,8 @@ def generate_bugs(files: Mapping[str, bytes], src_dirs: Sequence[str], *, seed: 
             edit = splice(files[path], after)
             if max(len(edit["old"]), len(edit["new"])) > max_changed_lines:
                 continue
+            if max_changed_lines == 1 and len(edit["old"]) != len(edit["new"]):
+                continue   # one-line bugs change a line; they neither add nor drop one
             seen.add(after)
             yield Bug(path=path, modifier=pm.name, explanation=pm.explanation,
                       entity=getattr(entity, "name", ""), before=files[path], after=after)

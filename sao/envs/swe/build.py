@@ -33,7 +33,7 @@ from sao.envs.swe.bugs import generate_bugs
 from sao.envs.swe.files import Files, splice, tree_hash, unified_diff
 from sao.envs.swe.testrun import TestSpec, grade_files, run_tests
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 TIERS = ("micro", "source")
 log = logging.getLogger(__name__)
 
