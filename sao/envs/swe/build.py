@@ -33,7 +33,7 @@ from sao.envs.swe.bugs import generate_bugs
 from sao.envs.swe.files import Files, splice, tree_hash, unified_diff
 from sao.envs.swe.testrun import TestSpec, grade_files, run_tests
 
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 TIERS = ("micro", "source")
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,8 @@ def build_repo_tasks(base: BaseRepo, *, seed: int, n: int, max_candidates: int |
             "repo": base.name, "base": base.base, "base_commit": tree_hash(base.files),
             "bug": {"path": bug.path, **splice(base.files[bug.path], bug.after)},
             "patch": unified_diff({bug.path: bug.after}, {bug.path: base.files[bug.path]}),
-            "test_patch": "", "modifier": bug.modifier, "entity": bug.entity,
+            "test_patch": "", "src_dirs": list(base.src_dirs),
+            "modifier": bug.modifier, "entity": bug.entity,
             "problem_statement": problem_statement(base.name, f2p, bug.explanation),
             "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "test_spec": base.spec.to_json(),
         }

@@ -144,15 +144,25 @@ def apply_splice(content: bytes, edit: Mapping) -> bytes:
 
 
 def overlay_editable(base: Mapping[str, bytes], work: Mapping[str, bytes],
-                     protected: Iterable[str] = ()) -> Files:
+                     protected: Iterable[str] = (),
+                     src_dirs: Iterable[str] | None = None) -> Files:
     """What the grader tests: ``base`` plus the agent's changes in ``work`` to
     files that are not tests or config (``is_test_path``) and not in
-    ``protected``. Test files the agent edited, added or deleted come back as
-    in ``base``, so editing the tests earns nothing."""
+    ``protected``; with ``src_dirs`` only to files under them (a directory, or
+    a single file), else a new file only inside a directory ``base`` has (not
+    at the root, where a module could shadow pytest or its plugins). Test
+    files the agent edited, added or deleted come back as in ``base``, so
+    editing the tests earns nothing."""
     protected = set(protected)
+    roots = None if src_dirs is None else [d.rstrip("/") for d in src_dirs]
+    dirs = {p.rsplit("/", 1)[0] for p in base if "/" in p}
 
     def editable(path: str) -> bool:
-        return path not in protected and not is_test_path(path)
+        if path in protected or is_test_path(path):
+            return False
+        if roots is not None:
+            return any(path == d or path.startswith(d + "/") for d in roots)
+        return path in base or ("/" in path and path.rsplit("/", 1)[0] in dirs)
 
     out = {p: d for p, d in base.items() if not editable(p)}
     out.update({p: d for p, d in work.items() if editable(p)})

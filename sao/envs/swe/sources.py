@@ -34,7 +34,7 @@ class Source:
       sha256: hex digest of the sdist archive.
       src_dirs: directories (or single files) of the package's code, where
         bugs are injected (test files inside them are skipped).
-      pythonpath: ``PYTHONPATH`` of the test run (relative to the root).
+      pythonpath: what the test run puts on ``sys.path`` (relative to the root).
       pytest_args: extra pytest arguments (e.g. ``-o addopts=`` to drop
         coverage flags, ``--ignore`` for slow CLI tests).
     """

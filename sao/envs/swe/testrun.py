@@ -26,7 +26,8 @@ class TestSpec:
     """How a repository's tests run.
 
     Attributes:
-      pythonpath: ``PYTHONPATH`` relative to the repository root.
+      pythonpath: directories put on ``sys.path`` (pytest's ``pythonpath``
+        setting; space-separated, relative to the repository root).
       pytest_args: extra arguments (after the fixed ones).
       test_files: limit the run to these paths (empty: pytest's own discovery).
       timeout_s: wall-clock limit of the whole run.
@@ -39,16 +40,21 @@ class TestSpec:
     plugin_autoload: bool = False
 
     def env(self) -> dict[str, str]:
-        """Environment of the run: ``PYTHONPATH``; plugin autoloading off
-        unless asked for (third-party plugins of the host venv cost seconds
-        of start-up per run and are not the package's)."""
-        env = {"PYTHONPATH": self.pythonpath}
+        """Environment of the run: plugin autoloading off unless asked for
+        (third-party plugins of the host venv cost seconds of start-up per
+        run and are not the package's)."""
+        env = {}
         if not self.plugin_autoload:
             env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         return env
 
     def command(self) -> str:
-        args = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+        # -P: the working directory is not put on sys.path, and the package's
+        # path is pytest's own ``pythonpath`` setting (added after pytest and
+        # its plugins are imported), so no module of the repository can
+        # shadow pytest, its plugins or sitecustomize.
+        args = ["python", "-P", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                "-o", "addopts=", "-o", f"pythonpath={self.pythonpath}",
                 "-o", "junit_family=xunit1", f"--junitxml={REPORT}", *self.pytest_args,
                 *self.test_files]
         return " ".join(shlex.quote(a) for a in args)
@@ -114,10 +120,11 @@ def grade_files(entry: Mapping[str, Any], start: Mapping[str, bytes],
                 work: Mapping[str, bytes]) -> dict[str, Any]:
     """Grades an agent's final working copy ``work`` of a task whose starting
     repository is ``start``: runs the tests on ``overlay_editable(start,
-    work, protected)`` in a fresh sandbox (after the entry's ``test_patch``,
+    work, protected, src_dirs)`` in a fresh sandbox (after the entry's ``test_patch``,
     if any) and returns ``score(...)`` plus ``patch_lines`` (lines the agent
     changed in graded files) and ``test_s``."""
-    graded: Files = overlay_editable(start, work, entry.get("protected_files", ()))
+    graded: Files = overlay_editable(start, work, entry.get("protected_files", ()),
+                                     entry.get("src_dirs"))
     setup, extra = "", None
     if entry.get("test_patch"):
         extra = {"sao_test.patch": str(entry["test_patch"]).encode()}

@@ -23,13 +23,17 @@ def test_overlay_restores_tests_and_config_keeps_source_changes():
     base = {"pkg/m.py": b"x = 1\n", "tests/test_m.py": b"assert 1\n", "test_top.py": b"t\n",
             "setup.cfg": b"[tool:pytest]\n"}
     work = {"pkg/m.py": b"x = 2\n", "pkg/new.py": b"y\n", "tests/test_m.py": b"pass\n",
-            "conftest.py": b"evil\n", "setup.cfg": b"addopts = -k nothing\n"}
+            "conftest.py": b"evil\n", "setup.cfg": b"addopts = -k nothing\n",
+            "pytest.py": b"shadow\n", "other/x.py": b"new dir\n"}
     out = files.overlay_editable(base, work)
     assert out == {"pkg/m.py": b"x = 2\n", "pkg/new.py": b"y\n",
                    "tests/test_m.py": b"assert 1\n", "test_top.py": b"t\n",
                    "setup.cfg": b"[tool:pytest]\n"}
     # A protected path (e.g. from a SWE-bench test_patch) is restored too.
     assert files.overlay_editable(base, work, protected=["pkg/m.py"])["pkg/m.py"] == b"x = 1\n"
+    # With source directories, only changes under them count.
+    only = files.overlay_editable(base, dict(work, **{"pkg2.py": b"z\n"}), src_dirs=["pkg2.py"])
+    assert only == dict(base, **{"pkg2.py": b"z\n"})
 
 
 @pytest.mark.parametrize("path", ["", "/etc/passwd", "../x", "a/../../x", ".git/config"])

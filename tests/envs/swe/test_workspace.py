@@ -105,3 +105,17 @@ def test_limits_validate():
         ExecLimits(max_output_bytes=1.5)
     with pytest.raises(TypeError):
         execute_files({}, ["ls"])
+
+
+def test_repository_modules_cannot_shadow_pytest(sandbox):
+    """A root-level pytest.py / sitecustomize.py that would fake a passing
+    report is never imported by the grading run (python -P, pytest's own
+    pythonpath setting)."""
+    from sao.envs.swe.testrun import REPORT, TestSpec, run_tests
+    fake = ("import sys\nopen(%r, 'w').write('<testsuites><testsuite><testcase "
+            "classname=\"test_a\" name=\"test_a\"/></testsuite></testsuites>')\nsys.exit(0)\n"
+            % REPORT)
+    repo = {"pytest.py": fake.encode(), "sitecustomize.py": fake.encode(),
+            "test_a.py": b"import pytest\n\ndef test_a():\n    assert pytest.__file__.startswith('/tmp') or 1 == 2\n"}
+    run = run_tests(repo, TestSpec(timeout_s=60))
+    assert run.outcomes == {"test_a.py::test_a": "failed"}
