@@ -35,15 +35,18 @@ def test_timeout_proven_on_a_harmless_sleep(sandbox):
     assert out["returncode"] == -1 and "[timed out after 1 s]" in out["output"]
 
 
-def test_output_cap_proven_on_harmless_output(sandbox):
+@pytest.fixture(scope="module")
+def output_cap_proven(sandbox):
+    """The output cap, proven on a harmless program (5000 bytes, then exit)."""
     ws = Workspace({}, ExecLimits(timeout_s=20, max_output_bytes=1000))
     res = ws.run("head -c 5000 /dev/zero | tr '\\0' x; echo; echo done >&2")
     assert res.truncated and res.returncode == 0 and len(res.output) == 1000
     assert set(res.output) == {"x"}
 
 
-def test_endless_output_is_cut_and_stopped(sandbox):
-    # Runs only after the two proofs above: endless output under both limits.
+def test_endless_output_is_cut_and_stopped(output_cap_proven):
+    # Endless output, only once the cap is proven (and the timeout, by the
+    # test above on a harmless sleep).
     ws = Workspace({}, ExecLimits(timeout_s=20, max_output_bytes=2000))
     res = ws.run("yes", timeout=2)
     assert res.truncated and res.timed_out and len(res.output) == 2000
