@@ -1,5 +1,5 @@
 """Shared fixtures of the SWE task tests: a few validated micro tasks, built
-once per session (the full tiers are built by the slow test in test_build.py)."""
+once per session (the full tiers are built by the slow test in test_swe_build.py)."""
 from __future__ import annotations
 
 import pytest
