@@ -149,15 +149,24 @@ def cache_key(bases: Iterable[BaseRepo], *, seed: int, per_repo: int) -> str:
 
 def build_tier(tier: str, *, seed: int = 0, per_repo: int = 4, cache: pathlib.Path | None = None,
                download: bool = True, use_cache: bool = True,
+               repos: Iterable[str] | None = None,
                progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """All validated task entries of ``tier``, ``per_repo`` per base
-    repository at most, read from the cache when built before.
+    repository at most, read from the cache when built before; ``repos``
+    restricts the build to those base repositories (their entries equal the
+    full tier's entries of the same repositories).
 
     Raises SourceUnavailableError if a source sdist is missing offline,
-    RuntimeError if a base's tests do not run.
+    RuntimeError if a base's tests do not run, ValueError on an unknown repo.
     """
     from sao.envs.swe.sources import cache_root
     bases = tier_bases(tier, download=download)
+    if repos is not None:
+        wanted = set(repos)
+        unknown = wanted - {b.name for b in bases}
+        if unknown:
+            raise ValueError(f"unknown {tier} repositories {sorted(unknown)}")
+        bases = [b for b in bases if b.name in wanted]
     path = (cache or cache_root()) / "tasks" / f"{tier}-{cache_key(bases, seed=seed, per_repo=per_repo)}.json"
     if use_cache and path.exists():
         return json.loads(path.read_text())
