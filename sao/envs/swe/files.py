@@ -2,8 +2,8 @@
 
 Every repository the SWE tasks touch (an sdist, a micro package, a git
 checkout, an agent's working copy) travels as a ``Files`` mapping, so that
-nothing of it is ever written to the host's file system by an episode: the
-sandbox receives it in a memory file (sao/envs/sandbox_launch.py).
+nothing an agent writes ever reaches the host's file system: the sandbox
+receives the copy in a memory file (sao/envs/sandbox_launch.py).
 """
 from __future__ import annotations
 

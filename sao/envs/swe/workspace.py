@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import dataclasses
 import json
 import math
+import os
+import shutil
+import subprocess
+import tempfile
 import threading
 from typing import Mapping
 
 from sao.envs.sandbox import SandboxLimits, run_python
 from sao.envs.swe import driver
-from sao.envs.swe.files import IGNORED_DIRS, Files, check_path, is_ignored
+from sao.envs.swe.files import IGNORED_DIRS, Files, check_path, is_ignored, tree_hash
 
 REPO_DIR = driver.REPO_DIR
 
@@ -105,11 +110,72 @@ class ExecResult:
     duration_s: float = 0.0
 
 
+_GIT_CACHE: "collections.OrderedDict[str, Files | None]" = collections.OrderedDict()
+_GIT_LOCK = threading.Lock()
+
+
+def cached_git_baseline(files: Mapping[str, bytes]) -> Files | None:
+    """``git_baseline`` memoised by the tree's content hash (64 trees): every
+    episode of a task starts from the same tree."""
+    key = tree_hash(files)
+    with _GIT_LOCK:
+        if key in _GIT_CACHE:
+            _GIT_CACHE.move_to_end(key)
+            return _GIT_CACHE[key]
+    made = git_baseline(files)
+    with _GIT_LOCK:
+        _GIT_CACHE[key] = made
+        while len(_GIT_CACHE) > 64:
+            _GIT_CACHE.popitem(last=False)
+    return made
+
+
+def git_baseline(files: Mapping[str, bytes]) -> Files | None:
+    """A ``.git`` directory (``{path below .git: bytes}``) whose single commit
+    holds ``files``, made with the host's git in a temporary directory (fixed
+    author and dates, no hooks); None when git is not installed. Shipped into
+    each command's sandbox, it lets ``git diff`` / ``git status`` show the
+    agent's changes since the start. None as well if git fails (the
+    workspace then simply is not a git checkout)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="sao-swe-git-") as tmp:
+        for path, data in files.items():
+            local = os.path.join(tmp, path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "wb") as f:
+                f.write(data)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp,
+               "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "sao", "GIT_COMMITTER_NAME": "sao",
+               "GIT_AUTHOR_EMAIL": "sao@localhost", "GIT_COMMITTER_EMAIL": "sao@localhost",
+               "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+               "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+        for args in (["init", "-q", "--template=", "-b", "main"],
+                     ["config", "user.name", "sao"], ["config", "user.email", "sao@localhost"],
+                     ["add", "-A", "-f"],
+                     ["commit", "-q", "--no-verify", "--allow-empty", "-m", "start"]):
+            try:
+                subprocess.run([git, "-C", tmp, *args], env=env, check=True,
+                               capture_output=True, timeout=120)
+            except (OSError, subprocess.SubprocessError):
+                return None
+        out: Files = {}
+        root = os.path.join(tmp, ".git")
+        for d, _, names in os.walk(root):
+            for name in names:
+                local = os.path.join(d, name)
+                with open(local, "rb") as f:
+                    out[os.path.relpath(local, root)] = f.read()
+        return out
+
+
 def execute_files(files: Mapping[str, bytes], command: str, *, cwd: str = "",
                   limits: ExecLimits | None = None, timeout_s: float | None = None,
                   extra_files: Mapping[str, bytes] | None = None, stdin: bytes | None = None,
                   collect: str | None = None, env: Mapping[str, str] | None = None,
-                  python: str | None = None) -> tuple[ExecResult, Files]:
+                  python: str | None = None,
+                  git: Mapping[str, bytes] | None = None) -> tuple[ExecResult, Files]:
     """Runs ``command`` (bash) on a copy of ``files`` in a fresh sandbox.
 
     Args:
@@ -126,6 +192,8 @@ def execute_files(files: Mapping[str, bytes], command: str, *, cwd: str = "",
       python: the interpreter that runs the driver; its directory comes
         first on the command's PATH (default: this process's, so ``python``
         and ``pytest`` are this venv's).
+      git: a ``.git`` directory to put in the repository (``git_baseline``);
+        what commands do to it is not kept.
 
     Returns ``(result, new files)``; the new files equal ``files`` plus the
     command's changes, or ``files`` unchanged when ``result.error`` says the
@@ -145,6 +213,8 @@ def execute_files(files: Mapping[str, bytes], command: str, *, cwd: str = "",
            "collect": collect, "env": dict(env or {}),
            "stdin": "/tmp/sao_stdin" if stdin is not None else None}
     box = {"repo/" + p: d for p, d in files.items()}
+    for path, data in (git or {}).items():
+        box["repo/.git/" + path] = data
     for name, data in (extra_files or {}).items():
         box[check_path(name)] = data
     box["sao_exec.json"] = json.dumps(cfg).encode()
@@ -207,14 +277,18 @@ def _apply(frame: dict, files: Mapping[str, bytes], duration: float) -> tuple[Ex
 class Workspace:
     """A repository working copy; commands run in the sandbox, state stays here.
 
-    Thread-safe (calls are serialised). ``files`` is the current copy.
+    Thread-safe (calls are serialised). ``files`` is the current copy. With
+    ``git`` (default) the repository is a git checkout whose HEAD is the
+    starting copy, so ``git diff`` / ``git status`` show the changes made
+    since (the ``.git`` directory itself is not kept between commands).
     """
 
     def __init__(self, files: Mapping[str, bytes], limits: ExecLimits | None = None,
-                 python: str | None = None):
+                 python: str | None = None, git: bool = True):
         self._files: Files = {check_path(p): bytes(d) for p, d in files.items()}
         self.limits = limits or ExecLimits()
         self.python = python
+        self._git = cached_git_baseline(self._files) if git else None
         self._lock = threading.Lock()
 
     @property
@@ -232,7 +306,8 @@ class Workspace:
         """Runs ``command`` and keeps its changes; see ``execute_files``."""
         with self._lock:
             res, self._files = execute_files(self._files, command, cwd=cwd, limits=self.limits,
-                                             timeout_s=timeout, python=self.python, **kw)
+                                             timeout_s=timeout, python=self.python,
+                                             git=self._git, **kw)
         return res
 
     def execute(self, command: str, cwd: str = "", timeout: float | None = None) -> dict:

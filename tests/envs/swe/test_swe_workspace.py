@@ -122,3 +122,14 @@ def test_repository_modules_cannot_shadow_pytest(sandbox):
             "test_a.py": b"import pytest\n\ndef test_a():\n    assert pytest.__file__.startswith('/tmp') or 1 == 2\n"}
     run = run_tests(repo, TestSpec(timeout_s=60))
     assert run.outcomes == {"test_a.py::test_a": "failed"}
+
+
+def test_git_diff_shows_changes_since_the_start(sandbox):
+    ws = Workspace({"pkg/m.py": b"x = 1\n"}, ExecLimits(timeout_s=20))
+    ws.execute("echo 'x = 2' > pkg/m.py")
+    out = ws.execute("git status --short; git diff")
+    assert out["returncode"] == 0
+    assert " M pkg/m.py" in out["output"] and "-x = 1\n+x = 2" in out["output"]
+    assert ws.execute("git add -A && git commit -qm x && git log --oneline | wc -l")["output"] == "2\n"
+    assert sorted(ws.files) == ["pkg/m.py"]          # .git is not part of the state
+    assert "+x = 2" in ws.execute("git diff")["output"]   # the baseline stays the start
