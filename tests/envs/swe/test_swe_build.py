@@ -61,6 +61,7 @@ def test_unknown_tier_or_repo(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)   # a cold cache builds the whole source tier first (~10 min loaded)
 @pytest.mark.parametrize("tier, per_repo, rebuild", [
     ("micro", 4, None),                      # the whole tier rebuilt
     ("source", 5, ("inflection", "parse")),  # two packages rebuilt (the whole tier: ~2x longer)
