@@ -33,7 +33,7 @@ from sao.envs.swe.bugs import generate_bugs
 from sao.envs.swe.files import Files, splice, tree_hash, unified_diff
 from sao.envs.swe.testrun import TestSpec, grade_files, run_tests
 
-BUILD_VERSION = 3
+BUILD_VERSION = 4
 TIERS = ("micro", "source")
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,15 @@ def tier_bases(tier: str, *, download: bool = True) -> list[BaseRepo]:
     """The base repositories of ``tier`` (``"micro"`` or ``"source"``)."""
     if tier == "micro":
         return [BaseRepo(n, {"kind": "micro", "name": n}, repos.micro_files(n), (f"{n}.py",),
-                         TestSpec(timeout_s=60.0), 1, 1) for n in repos.micro_names()]
+                         TestSpec(timeout_s=300.0, cpu_s=30), 1, 1)
+                for n in repos.micro_names()]
     if tier == "source":
         from sao.envs.swe.sources import SOURCES, load_source
         return [BaseRepo(s.name, {"kind": "sdist", "name": s.name, "version": s.version,
                                   "sha256": s.sha256},
                          load_source(s, download=download), s.src_dirs,
                          TestSpec(pythonpath=s.pythonpath, pytest_args=s.pytest_args,
-                                  timeout_s=60.0),
+                                  timeout_s=900.0, cpu_s=90),
                          4, None) for s in SOURCES.values()]
     raise ValueError(f"unknown tier {tier!r}; expected one of {TIERS}")
 
@@ -83,7 +84,7 @@ def build_repo_tasks(base: BaseRepo, *, seed: int, n: int, max_candidates: int |
     Raises RuntimeError if the original tests do not run."""
     original = run_tests(base.files, base.spec)
     p0 = original.passed()
-    if not p0:
+    if not p0 or not original.complete:
         raise RuntimeError(f"{base.name}: no test passes on the original tree "
                            f"(exit {original.returncode}): {original.output[-1500:]}")
     out: list[dict[str, Any]] = []
@@ -99,9 +100,12 @@ def build_repo_tasks(base: BaseRepo, *, seed: int, n: int, max_candidates: int |
         run = run_tests(bugged, base.spec)
         now = run.passed()
         f2p, p2p = sorted(p0 - now), sorted(p0 & now)
-        if run.timed_out or not f2p:
+        if not run.complete or not f2p:
+            # A bug that hangs the suite is caught by the CPU budget, which
+            # does not depend on the machine's load (a wall-clock limit made
+            # rebuilds on a loaded machine differ).
             _say(progress, f"{base.name}: {bug.modifier} rejected "
-                           f"({'timed out' if run.timed_out else 'no test fails'})")
+                           f"({'no test fails' if run.complete else 'run did not complete'})")
             continue
         digest = hashlib.sha256(bug.path.encode() + b"\0" + bug.after).hexdigest()[:10]
         entry = {

@@ -31,6 +31,9 @@ class TestSpec:
       pytest_args: extra arguments (after the fixed ones).
       test_files: limit the run to these paths (empty: pytest's own discovery).
       timeout_s: wall-clock limit of the whole run.
+      cpu_s: CPU seconds of the whole run, all processes together (None:
+        from the wall clock). Builds decide with it whether a bug hangs the
+        suite: CPU time hardly depends on the machine's load, wall time does.
     """
 
     pythonpath: str = "."
@@ -38,6 +41,7 @@ class TestSpec:
     test_files: tuple[str, ...] = ()
     timeout_s: float = 120.0
     plugin_autoload: bool = False
+    cpu_s: int | None = None
 
     def env(self) -> dict[str, str]:
         """Environment of the run: plugin autoloading off unless asked for
@@ -66,7 +70,8 @@ class TestSpec:
                    pytest_args=tuple(str(a) for a in spec.get("pytest_args", ())),
                    test_files=tuple(str(a) for a in spec.get("test_files", ())),
                    timeout_s=float(spec.get("timeout_s", 120.0)),
-                   plugin_autoload=bool(spec.get("plugin_autoload", False)))
+                   plugin_autoload=bool(spec.get("plugin_autoload", False)),
+                   cpu_s=int(spec["cpu_s"]) if spec.get("cpu_s") is not None else None)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"pytest_args": list(self.pytest_args),
@@ -86,6 +91,11 @@ class TestRun:
     def passed(self) -> set[str]:
         return {t for t, o in self.outcomes.items() if o == PASSED}
 
+    @property
+    def complete(self) -> bool:
+        """pytest ran to its end (in time, in budget) and wrote a report."""
+        return self.returncode is not None and not self.timed_out and bool(self.outcomes)
+
 
 def run_tests(files: Mapping[str, bytes], spec: TestSpec, *,
               limits: ExecLimits | None = None, setup: str = "",
@@ -93,7 +103,8 @@ def run_tests(files: Mapping[str, bytes], spec: TestSpec, *,
     """Runs the tests of ``files`` once in a fresh sandbox (``setup``: a bash
     command run first, e.g. applying a test patch). Raises
     SandboxUnavailableError where the sandbox cannot run."""
-    limits = limits or ExecLimits(timeout_s=spec.timeout_s, max_output_bytes=8192)
+    limits = limits or ExecLimits(timeout_s=spec.timeout_s, max_output_bytes=8192,
+                                  cpu_s=spec.cpu_s)
     command = spec.command()
     if setup:
         command = f"{setup} && {command}"
