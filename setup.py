@@ -54,6 +54,9 @@ EXTRAS = {
     # The SGLang server itself runs in its own Python 3.12 environment
     # (see `make sglang-venv`); this extra holds the client side only.
     "sglang": ["aiohttp>=3.9,<4"],
+    # Agent harnesses driving the policy through the worker's OpenAI-compatible endpoint
+    # (sao/fleet/endpoint): mini-swe-agent, used unmodified (pulls litellm).
+    "harness": ["mini-swe-agent==2.4.6"],
     # gs:// work dirs, publish dirs and model paths (sao.storage: etils.epath's GCS backend).
     "gcs": ["gcsfs>=2024.2"],
 }

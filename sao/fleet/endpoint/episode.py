@@ -29,10 +29,14 @@ from sao.types import Trajectory
 
 @dataclasses.dataclass(frozen=True)
 class HarnessResult:
-    """What a harness reports after an episode: the graded reward and JSON-able facts."""
+    """What a harness reports after an episode: the graded reward, JSON-able
+    facts, and whether the harness stopped on its own limit (step limit,
+    repeated format errors) instead of finishing: then ``finish="length"``,
+    reward 0, as a truncated native episode."""
 
     reward: float
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    truncated: bool = False
 
 
 class Harness(Protocol):
@@ -66,6 +70,8 @@ def harness_episode_fn(endpoint: Endpoint, harness: Harness, sampling: SamplingP
             result = await asyncio.wait_for(
                 harness.run(prompt, endpoint.base_url(session), endpoint.config.token), timeout_s)
             reward, meta = float(result.reward), dict(result.metadata)
+            if result.truncated:
+                session.abandon("harness_limit")
             session.done()
         except asyncio.TimeoutError:
             endpoint.counters["harness_timeouts"] += 1
