@@ -69,18 +69,19 @@ class SandboxShell:
                 "output": res.stdout + res.stderr}
 
 
-def bash_call(tok, command):
-    args = json.dumps({"command": command})
+def bash_call(tok, command, compact=False):
+    args = json.dumps({"command": command}, separators=(",", ":") if compact else None)
     return ScriptedTurn(tok.encode(
         f'I will run a command.\n<tool_call>\n{{"name": "bash", "arguments": {args}}}\n'
         '</tool_call><|im_end|>'))
 
 
 @pytest.mark.skipif(not sandbox_available(), reason="needs the namespace sandbox")
-def test_mini_swe_agent_episode_through_the_endpoint():
+def test_mini_swe_agent_episode_through_the_endpoint(tmp_path):
     from sao.fleet.endpoint.mswea import MiniSweAgentHarness
     tok = load_tokenizer(gguf_io.find_smollm2_gguf())
-    engine = ScriptedEngine([bash_call(tok, "echo sandboxed-$((6*7)) && cat /etc/hostname"),
+    # compact JSON arguments: the chat template would render them with spaces
+    engine = ScriptedEngine([bash_call(tok, "echo sandboxed-$((6*7))", compact=True),
                              bash_call(tok, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")])
     shells = []
 
@@ -92,7 +93,8 @@ def test_mini_swe_agent_episode_through_the_endpoint():
                                   lambda prompt: prompt["text"], step_limit=4)
 
     async def main():
-        endpoint = Endpoint(engine, tok, EndpointConfig(token=TOKEN))
+        endpoint = Endpoint(engine, tok, EndpointConfig(token=TOKEN,
+                                                        record_dir=str(tmp_path / "rec")))
         await endpoint.start()
         try:
             episode = harness_episode_fn(endpoint, harness, SamplingParams(max_new_tokens=128),
@@ -113,3 +115,35 @@ def test_mini_swe_agent_episode_through_the_endpoint():
     assert len(runs) == 2                              # two separate action spans
     obs = tok.decode(traj.tokens[runs[0] + 1:runs[1] + 1][~traj.action_mask[runs[0] + 1:runs[1] + 1]].tolist())
     assert "sandboxed-42" in obs
+
+    check_recorded_transcript(tmp_path)
+
+
+def harness_check(*args):
+    out = subprocess.run([sys.executable, "-m", "sao.fleet.harness_check", "--json",
+                          f"--tokenizer={gguf_io.find_smollm2_gguf()}", *args],
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                         capture_output=True, text=True, timeout=300)
+    return out.returncode, json.loads(out.stdout)
+
+
+def check_recorded_transcript(tmp_path):
+    """``python -m sao.fleet.harness_check`` on mini-swe-agent's recorded calls."""
+    rec = tmp_path / "rec"
+    (path,) = list(rec.iterdir())
+    rc, summary = harness_check(str(rec))
+    assert rc == 0 and summary["calls"] == 2 and summary["prefix_stability"] == 1.0, summary
+    assert summary["cut_histories"] == [] and summary["tokens_lost_to_cuts"] == 0
+    # re-rendering the model's compact JSON with the template's spacing changes ids
+    assert summary["retemplated_tokens"] > 0, summary
+    # A harness that rewrites history (here: drops the model's thought before its
+    # tool call) would be cut there.
+    calls = [json.loads(line) for line in path.read_text().splitlines()]
+    calls[1]["request"]["messages"][2]["content"] = ""
+    bad = tmp_path / "rewritten.jsonl"
+    bad.write_text("".join(json.dumps(c) + "\n" for c in calls))
+    rc, summary = harness_check(str(bad))
+    assert rc == 1 and summary["prefix_stability"] == 0.5, summary
+    (cut,) = summary["cut_histories"]
+    assert cut["cut_message"] == 2 and cut["cut_tokens_lost"] > 0
+    assert summary["errors"] == {"history_rewrite": 1}

@@ -69,6 +69,11 @@ class HermesChatML:
             text += f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments}}}\n</tool_call>'
         return self._turn("assistant", text)
 
+    def action_text(self, m: Message) -> str:
+        """The text a model writes for the assistant message ``m`` (end marker included)."""
+        inner = self._assistant(m)
+        return inner[len(f"{self.template.start}assistant\n"):-1]
+
     def _messages(self, messages: Sequence[Message]) -> str:
         out = []
         for i, m in enumerate(messages):
@@ -162,6 +167,12 @@ class ByteTags:
     def prompt_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> str:
         del tools
         return self._messages(messages)
+
+    def action_text(self, m: Message) -> str:
+        """The text a model writes for the assistant message ``m``."""
+        if m.tool_calls:
+            return self._messages([m])
+        return f"<answer>{m.content}</answer>"
 
     def continuation_text(self, messages: Sequence[Message], last_token: int) -> str:
         del last_token

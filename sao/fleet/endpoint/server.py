@@ -29,6 +29,7 @@ from aiohttp import web
 from sao.fleet.endpoint.dialect import dialect_for
 from sao.fleet.endpoint.messages import RequestError, parse_request
 from sao.fleet.endpoint.session import Session
+from sao.fleet.endpoint.transcripts import Recorder
 from sao.rollout.base import Engine, SamplingParams
 from sao.rpc import auth, credentials
 
@@ -44,6 +45,8 @@ class EndpointConfig:
       host, port: bind address (127.0.0.1; port 0 picks a free one).
       max_body_bytes: largest request body (bytes).
       max_sessions: open sessions at most (a worker opens one per episode).
+      record_dir: when set, every call is appended to ``<record_dir>/<session>.jsonl``
+        (``sao.fleet.endpoint.transcripts``: input of ``python -m sao.fleet.harness_check``).
     """
 
     token: str
@@ -51,6 +54,7 @@ class EndpointConfig:
     port: int = 0
     max_body_bytes: int = 8 * 1024 * 1024
     max_sessions: int = 1024
+    record_dir: str = ""
 
     def __post_init__(self):
         if not self.token:
@@ -71,6 +75,7 @@ class Endpoint:
         self.dialect = dialect_for(tokenizer)
         self.sessions: dict[str, Session] = {}
         self.counters: collections.Counter = collections.Counter()
+        self.recorder = Recorder(config.record_dir) if config.record_dir else None
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -120,7 +125,14 @@ class Endpoint:
                 body = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as e:
                 raise RequestError(400, "invalid_json", f"the body is not JSON: {e}")
-            result = await session.complete(parse_request(body))
+            try:
+                result = await session.complete(parse_request(body))
+            except RequestError as e:
+                if self.recorder:
+                    self.recorder.record(session.id, body, e.body())
+                raise
+            if self.recorder:
+                self.recorder.record(session.id, body, result)
             return web.json_response(result)
         except RequestError as e:
             self.counters[f"error/{e.code}"] += 1

@@ -166,7 +166,8 @@ class Session:
                              "logprobs": None}],
                 "usage": {"prompt_tokens": start, "completion_tokens": len(toks),
                           "total_tokens": start + len(toks)},
-                "sao": {"policy_versions": [min(completion.versions), max(completion.versions)]}}
+                "sao": {"policy_versions": [min(completion.versions), max(completion.versions)],
+                        "text": self.tokenizer.decode(toks)}}   # what was sampled, verbatim
 
     # -- ends ----------------------------------------------------------------
     def _end(self, reason: str, finish: str) -> None:
