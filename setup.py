@@ -57,6 +57,28 @@ EXTRAS = {
     # Agent harnesses driving the policy through the worker's OpenAI-compatible endpoint
     # (sao/fleet/endpoint): mini-swe-agent, used unmodified (pulls litellm).
     "harness": ["mini-swe-agent==2.4.6"],
+    # SWE-style repository tasks (sao/envs/swe): SWE-smith's procedural bug
+    # modifiers. swesmith declares no install requirements; its package
+    # __init__s import libcst, astor, python-dotenv and every tree-sitter
+    # language it supports, so they are listed here.
+    "swe": [
+        "swesmith==0.0.9",
+        "libcst>=1.1,<2",
+        "astor>=0.8,<0.9",
+        "python-dotenv>=1,<2",
+        "tree-sitter>=0.25,<0.27",
+        "tree-sitter-c>=0.23,<0.26",
+        "tree-sitter-cpp>=0.23,<0.24",
+        "tree-sitter-c-sharp>=0.23,<0.24",
+        "tree-sitter-go>=0.23,<0.26",
+        "tree-sitter-java>=0.23,<0.24",
+        "tree-sitter-javascript>=0.23,<0.26",
+        "tree-sitter-php>=0.23.11,<0.26",
+        "tree-sitter-python>=0.23,<0.26",
+        "tree-sitter-ruby>=0.23,<0.24",
+        "tree-sitter-rust>=0.23,<0.25",
+        "tree-sitter-typescript>=0.23,<0.24",
+    ],
     # gs:// work dirs, publish dirs and model paths (sao.storage: etils.epath's GCS backend).
     "gcs": ["gcsfs>=2024.2"],
 }
@@ -70,7 +92,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11,<3.13",
     packages=find_packages(include=["sao", "sao.*"]),
-    package_data={"sao": ["rpc/*.proto"]},
+    package_data={"sao": ["rpc/*.proto", "envs/swe/micro/*/*.py"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     entry_points={

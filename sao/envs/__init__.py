@@ -25,7 +25,10 @@ def make_task(spec: str, **kwargs: Any) -> Task:
     * ``"drift/<dataset>"``: the same task named ``drift/<dataset>``, for the
       online drift env (``env_factory`` gives its prompts a ``DriftEnv``);
     * ``"humaneval"``: ``HumanEvalTask(**kwargs)`` (``task_ids``, ``limits``);
-    * ``"math"``: ``MathTask(kwargs["name"], kwargs["items"])``.
+    * ``"math"``: ``MathTask(kwargs["name"], kwargs["items"])``;
+    * ``"swe/micro"``, ``"swe/source"``, ``"swe/bench"``: repository tasks
+      (``sao.envs.swe.make_swe_task``; kwargs ``seed``, ``per_repo``,
+      ``split``, ``heldout_fraction``; ``path``, ``checkouts`` for bench).
 
     Raises ValueError on an unknown spec.
     """
@@ -41,8 +44,12 @@ def make_task(spec: str, **kwargs: Any) -> Task:
     if spec == "math":
         from sao.envs.reasoning import MathTask
         return MathTask(**kwargs)
+    if spec in ("swe/micro", "swe/source", "swe/bench"):
+        from sao.envs.swe.task import make_swe_task
+        return make_swe_task(spec, **kwargs)
     raise ValueError(f"unknown task spec {spec!r}; expected 'rg/<dataset>', "
-                     "'drift/<dataset>', 'humaneval' or 'math'")
+                     "'drift/<dataset>', 'humaneval', 'math', 'swe/micro', 'swe/source' "
+                     "or 'swe/bench'")
 
 
 def env_factory(tasks: Mapping[str, Task], episode: EpisodeConfig, *,
@@ -61,10 +68,20 @@ def env_factory(tasks: Mapping[str, Task], episode: EpisodeConfig, *,
       judge, judge_model, judge_timeout_s: ``"rule"`` or an OpenAI-compatible
         endpoint URL, its model name and per-request timeout (drift only).
 
+    All ``swe/`` tasks give a ``SweEnv`` (sao/envs/swe/env.py) instead.
+
     Raises ValueError if a drift schedule is given without a clock or with
-    non-drift tasks, or drift tasks without a schedule.
+    non-drift tasks, drift tasks without a schedule, or swe/ tasks mixed
+    with others.
     """
     drift = sorted(n for n in tasks if n.startswith("drift/"))
+    swe = sorted(n for n in tasks if n.startswith("swe/"))
+    if swe:
+        if len(swe) != len(tasks) or drift_schedule:
+            raise ValueError(f"swe/ tasks {swe} cannot be mixed with other tasks or a drift "
+                             f"schedule, got {sorted(tasks)}")
+        from sao.envs.swe.env import SweEnv
+        return lambda: SweEnv(tasks, episode)
     if not drift_schedule:
         if drift:
             raise ValueError(f"drift tasks {drift} need env.drift_schedule")
