@@ -100,6 +100,8 @@ class MiniSweAgentHarness:
       max_threads: episodes at once (the worker's ``max_concurrency``).
       agent_kwargs: more ``AgentConfig`` fields (templates, ``wall_time_limit_seconds``).
       request_timeout_s: litellm's timeout of one model call.
+      max_output_chars: a command's output shown to the model, characters
+        (head and tail kept; mini-swe-agent's ``observation_template``).
 
     An episode the agent did not submit (step limit, repeated format
     errors) is reported ``truncated`` with reward 0.
@@ -109,18 +111,27 @@ class MiniSweAgentHarness:
                  grade: Callable[[Mapping, Any], tuple[float, dict]],
                  task_text: Callable[[Mapping], str], *, step_limit: int,
                  command_timeout_s: int = 30, max_threads: int = 16,
-                 agent_kwargs: Mapping[str, Any] | None = None, request_timeout_s: float = 600.0):
+                 agent_kwargs: Mapping[str, Any] | None = None, request_timeout_s: float = 600.0,
+                 max_output_chars: int = 2000):
         self.make_workspace, self.grade, self.task_text = make_workspace, grade, task_text
         self.step_limit, self.command_timeout_s = step_limit, command_timeout_s
         self.agent_kwargs = {"system_template": SYSTEM_TEMPLATE,
                              "instance_template": INSTANCE_TEMPLATE, **(agent_kwargs or {})}
         self.request_timeout_s = request_timeout_s
+        half = max(1, max_output_chars // 2)
+        self.observation_template = (
+            "{% if output.exception_info %}<exception>{{output.exception_info}}</exception>\n"
+            "{% endif %}<returncode>{{output.returncode}}</returncode>\n<output>\n"
+            f"{{% if output.output | length > {2 * half} %}}"
+            f"{{{{output.output[:{half}]}}}}\n[... output clipped ...]\n{{{{output.output[-{half}:]}}}}"
+            "{% else %}{{output.output}}{% endif %}</output>")
         self._pool = concurrent.futures.ThreadPoolExecutor(max_threads, "mswea")
 
     def run_sync(self, prompt: Mapping, base_url: str, api_key: str) -> HarnessResult:
         """One episode, blocking: agent, then grading of the workspace it left."""
         workspace = self.make_workspace(prompt)
         model = LitellmModel(model_name="openai/sao-policy", cost_tracking="ignore_errors",
+                             observation_template=self.observation_template,
                              model_kwargs={"api_base": base_url, "api_key": api_key,
                                            "timeout": self.request_timeout_s})
         env = SandboxEnvironment(workspace, timeout=self.command_timeout_s)

@@ -58,10 +58,21 @@ class ChatClient:
         return out["choices"][0]["message"]
 
 
-def action_text(message: Mapping[str, Any]) -> str:
-    """A Hermes-format rendering of an assistant message, for envs that parse text."""
+def action_text(message: Mapping[str, Any], fmt: str = "hermes") -> str:
+    """An assistant message as text for envs that parse text: Hermes
+    ``<tool_call>`` blocks, or for ``fmt="tags"`` ``<python>first argument</python>``
+    per call and ``<answer>content</answer>`` without one."""
     text = message.get("content") or ""
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls") or []
+    if fmt == "tags":
+        if not calls:
+            return f"<answer>{text}</answer>"
+        for call in calls:
+            args = json.loads(call["function"]["arguments"] or "{}")
+            value = next(iter(args.values()), "") if isinstance(args, dict) and args else ""
+            text += f"<python>{value}</python>"
+        return text
+    for call in calls:
         fn = call["function"]
         text += f'\n<tool_call>\n{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}\n</tool_call>'
     return text
@@ -75,14 +86,15 @@ class ReferenceHarness:
         value is not sent: the endpoint renders the messages itself).
       messages_for: ``prompt -> [messages]`` the conversation starts with.
       tools: OpenAI ``tools`` sent on every call.
-      max_calls: most model calls before giving up (reward 0).
+      fmt: how the env reads a turn (``action_text``): ``"hermes"`` or ``"tags"``.
+      max_calls: most model calls before giving up (truncated, reward 0).
     """
 
     def __init__(self, make_env: Callable[[], Any],
                  messages_for: Callable[[Mapping[str, Any]], list[dict]],
-                 tools: Sequence[Mapping] = (), *, max_calls: int = 64):
+                 tools: Sequence[Mapping] = (), *, fmt: str = "hermes", max_calls: int = 64):
         self.make_env, self.messages_for = make_env, messages_for
-        self.tools, self.max_calls = list(tools), max_calls
+        self.tools, self.fmt, self.max_calls = list(tools), fmt, max_calls
 
     async def run(self, prompt: Mapping[str, Any], base_url: str, api_key: str) -> HarnessResult:
         env, client = self.make_env(), ChatClient(base_url, api_key)
@@ -91,7 +103,7 @@ class ReferenceHarness:
         messages = self.messages_for(prompt)
         for _ in range(self.max_calls):
             reply = await client.complete(messages, self.tools)
-            text = action_text(reply)
+            text = action_text(reply, self.fmt)
             result = await step(text) if step and inspect.iscoroutinefunction(step) \
                 else await asyncio.to_thread(env.step, text)
             if result.done:
@@ -103,4 +115,4 @@ class ReferenceHarness:
                                  "content": result.observation_text or ""})
             else:
                 messages.append({"role": "user", "content": result.observation_text or ""})
-        return HarnessResult(0.0, {"harness_end": "max_calls"})
+        return HarnessResult(0.0, {"harness_end": "max_calls"}, truncated=True)

@@ -65,7 +65,8 @@ class Session:
         self.ended = ""                          # why no more calls are served ("" = open)
         self.finish = "stop"
         self.cut: dict[str, Any] = {}
-        self.counts = {"turns": 0, "retries": 0, "busy": 0, "after_end": 0, "foreign_assistant": 0}
+        self.counts = {"turns": 0, "num_tool_calls": 0, "retries": 0, "busy": 0, "after_end": 0,
+                       "foreign_assistant": 0}
         self.timings = {"generate_s": 0.0, "endpoint_s": 0.0}
         self.last_call = time.monotonic()
         self._last: tuple[tuple, dict] | None = None
@@ -150,6 +151,7 @@ class Session:
         tool_calls = tuple(ToolCall(f"call_{self.id[:12]}_{turn}_{i}", n, a)
                            for i, (n, a) in enumerate(calls))
         self.seen.append((Message("assistant", content, tool_calls).key(), start))
+        self.counts["num_tool_calls"] += len(tool_calls)
         if completion.finish_reason == "length":
             self._end("truncated", "length")
         elif toks[-1] in self.dialect.terminal_ids:
