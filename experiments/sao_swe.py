@@ -98,12 +98,11 @@ def swe(c, variant: str):
     """The repository-task settings shared by SAO and its GRPO+DIS twin."""
     c.learner.eps_low = 0.8                  # coding DIS band: ratio in (0.2, 4.0)
     c.learner.eps_high = 3.0
-    c.env.tasks = ("swe/micro",)
     c.eval.where = "fleet"                   # the harness runs on the workers' endpoints
-    if variant == "cpu":
-        return cpu(c)
-    if variant == "smollm2_cpu":
-        return smollm2_cpu(c)
+    if variant in ("cpu", "smollm2_cpu"):
+        c = cpu(c) if variant == "cpu" else smollm2_cpu(c)
+        c.env.tasks = ("swe/micro",)         # after common.cpu, which sets arithmetic
+        return c
     c = common.full_scale(c, variant)
     c.env.tasks = ("swe/source",)
     c.env.harness = "mini-swe-agent"

@@ -34,16 +34,22 @@ class EndpointError(RuntimeError):
 class ChatClient:
     """Minimal OpenAI chat-completions client (one ``aiohttp`` session per client)."""
 
-    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 600.0):
+    def __init__(self, base_url: str, api_key: str, *, timeout_s: float = 600.0,
+                 http: aiohttp.ClientSession | None = None):
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.headers = {"Authorization": f"Bearer {api_key}"}
+        self.headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.http = http   # a shared connection pool, or None: one per call
 
     async def post_raw(self, data: bytes) -> tuple[int, dict]:
+        if self.http is not None:
+            return await self._post(self.http, data)
         async with aiohttp.ClientSession(timeout=self.timeout) as http:
-            async with http.post(self.url, data=data, headers={
-                    **self.headers, "Content-Type": "application/json"}) as r:
-                return r.status, await r.json(content_type=None)
+            return await self._post(http, data)
+
+    async def _post(self, http: aiohttp.ClientSession, data: bytes) -> tuple[int, dict]:
+        async with http.post(self.url, data=data, headers=self.headers, timeout=self.timeout) as r:
+            return r.status, await r.json(content_type=None)
 
     async def complete(self, messages: Sequence[Mapping], tools: Sequence[Mapping] = (),
                        **extra) -> dict:
@@ -97,7 +103,11 @@ class ReferenceHarness:
         self.tools, self.fmt, self.max_calls = list(tools), fmt, max_calls
 
     async def run(self, prompt: Mapping[str, Any], base_url: str, api_key: str) -> HarnessResult:
-        env, client = self.make_env(), ChatClient(base_url, api_key)
+        async with aiohttp.ClientSession() as http:
+            return await self._run(prompt, ChatClient(base_url, api_key, http=http))
+
+    async def _run(self, prompt: Mapping[str, Any], client: ChatClient) -> HarnessResult:
+        env = self.make_env()
         await asyncio.to_thread(env.reset, prompt)
         step = getattr(env, "astep", None)
         messages = self.messages_for(prompt)
