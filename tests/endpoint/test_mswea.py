@@ -147,3 +147,32 @@ def check_recorded_transcript(tmp_path):
     (cut,) = summary["cut_histories"]
     assert cut["cut_message"] == 2 and cut["cut_tokens_lost"] > 0
     assert summary["errors"] == {"history_rewrite": 1}
+
+
+@pytest.mark.skipif(not sandbox_available(), reason="needs the namespace sandbox")
+def test_a_reply_without_a_tool_call_is_dropped_by_mini_swe_agent_and_cut_here():
+    """mini-swe-agent 2.4.6 answers a reply without a tool call with a format
+    error and leaves the reply out of its history: a rewrite. The episode
+    ends there, flagged, keeping the action (sampled in a consistent context)."""
+    from sao.fleet.endpoint.mswea import MiniSweAgentHarness
+    tok = load_tokenizer(gguf_io.find_smollm2_gguf())
+    engine = ScriptedEngine([tok.encode("I am not sure what to do.<|im_end|>"),
+                             bash_call(tok, "ls")])
+    harness = MiniSweAgentHarness(lambda prompt: SandboxShell(), lambda prompt, ws: (1.0, {}),
+                                  lambda prompt: prompt["text"], step_limit=4)
+
+    async def main():
+        endpoint = Endpoint(engine, tok, EndpointConfig(token=TOKEN))
+        await endpoint.start()
+        try:
+            episode = harness_episode_fn(endpoint, harness, SamplingParams(max_new_tokens=64),
+                                         max_turns=4, max_total_tokens=4096, timeout_s=300)
+            return await episode({"prompt_id": "t1", "text": "Fix it."}), endpoint.stats()
+        finally:
+            await endpoint.stop()
+
+    traj, stats = asyncio.run(main())
+    assert traj.finish == "length" and traj.reward == 0.0
+    assert traj.metadata["cut"] == "history_rewrite" and traj.metadata["cut_message"] == 2
+    assert tok.decode(traj.tokens[traj.action_mask].tolist()) == "I am not sure what to do.<|im_end|>"
+    assert stats["error/history_rewrite"] == 1 and len(engine.prompts) == 1

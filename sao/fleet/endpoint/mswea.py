@@ -46,11 +46,14 @@ def configure_offline(config_dir: str | None = None) -> None:
 
 configure_offline()
 
+import litellm  # noqa: E402
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from minisweagent.models.litellm_model import LitellmModel  # noqa: E402
 
 from sao.fleet.endpoint.episode import HarnessResult  # noqa: E402
+
+litellm.suppress_debug_info = True   # no "Give Feedback / Get Help" banner per refused call
 
 SYSTEM_TEMPLATE = (
     "You are a software engineer fixing a bug in a Python repository. Call the bash tool "

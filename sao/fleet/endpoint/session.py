@@ -13,7 +13,9 @@ Rules (docs/rollout.md "Harness endpoint"):
 * the same call again (a client retry) gets the same answer, counted;
 * a call whose history differs from the recorded one (a rewrite, a dropped
   or edited message, other tools) ends the session: the trajectory is cut
-  after the last action before the first difference and flagged
+  at the first difference, after the last action sampled from the history
+  before it (an action that is itself the first differing message stays:
+  it was sampled in a consistent context), and flagged
   (``metadata["cut"]``), and the harness gets a ``history_rewrite`` error;
 * a call after the end gets ``session_ended``; a concurrent call in the same
   session ``session_busy``;
@@ -62,6 +64,7 @@ class Session:
         self.tools_key: str | None = None
         self.seen: list[tuple[tuple, int]] = []   # (message key, token index where it starts)
         self.action_ends: list[int] = []          # token index after each action
+        self.action_starts: list[int] = []        # token index of each action's first token
         self.ended = ""                          # why no more calls are served ("" = open)
         self.finish = "stop"
         self.cut: dict[str, Any] = {}
@@ -142,6 +145,7 @@ class Session:
         self.timings["generate_s"] += t_done - t_gen
         start = len(self.traj.tokens)
         self.traj.add_action(completion)
+        self.action_starts.append(start)
         self.action_ends.append(len(self.traj.tokens))
         self.counts["turns"] += 1
         toks = completion.tokens
@@ -177,11 +181,15 @@ class Session:
             self.ended, self.finish = reason, finish
 
     def _cut(self, index: int, why: str) -> None:
+        # Every action sampled from the consistent context (messages < index) stays,
+        # the one that *is* message ``index`` included: the harness diverged after it.
         start = self.seen[index][1] if index < len(self.seen) else len(self.traj.tokens)
-        keep = max((e for e in self.action_ends if e <= start), default=0)
+        keep = max((e for b, e in zip(self.action_starts, self.action_ends) if b <= start),
+                   default=0)
         lost = len(self.traj.tokens) - keep
         for name in ("tokens", "mask", "logprobs", "versions"):
             setattr(self.traj, name, getattr(self.traj, name)[:keep])
+        self.action_starts = [b for b, e in zip(self.action_starts, self.action_ends) if e <= keep]
         self.action_ends = [e for e in self.action_ends if e <= keep]
         self.cut = {"cut": "history_rewrite", "cut_message": index, "cut_tokens_lost": lost,
                     "cut_reason": why}
