@@ -78,6 +78,22 @@ def mini_swe_agent_harness(cfg, tasks: Mapping[str, Any]):
                                agent_kwargs={"wall_time_limit_seconds": int(e.harness_timeout_s)})
 
 
+class LazyHarness:
+    """Builds its harness at the first episode, in a thread: importing
+    mini-swe-agent and litellm takes tens of seconds, which a worker should
+    not spend before it reports ready."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._harness, self._lock = make, None, asyncio.Lock()
+
+    async def run(self, prompt, base_url: str, api_key: str):
+        if self._harness is None:
+            async with self._lock:
+                if self._harness is None:
+                    self._harness = await asyncio.to_thread(self._make)
+        return await self._harness.run(prompt, base_url, api_key)
+
+
 def harness_episode(cfg, engine, tokenizer, token: str, tasks: Mapping[str, Any],
                     make_env: Callable[[], Any], sampling):
     """``async episode(prompt, temperature=None) -> Trajectory`` for a rollout
@@ -87,7 +103,7 @@ def harness_episode(cfg, engine, tokenizer, token: str, tasks: Mapping[str, Any]
     name = check_harness(cfg.env.harness)
     if not name:
         raise ValueError("env.harness is empty: the worker runs the native agent loop")
-    harness = (mini_swe_agent_harness(cfg, tasks) if name == "mini-swe-agent"
+    harness = (LazyHarness(lambda: mini_swe_agent_harness(cfg, tasks)) if name == "mini-swe-agent"
                else reference_harness(cfg, tasks, make_env))
     endpoint = Endpoint(engine, tokenizer, EndpointConfig(token=token))
     inner = harness_episode_fn(endpoint, harness, sampling, max_turns=cfg.rollout.max_turns,
