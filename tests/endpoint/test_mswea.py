@@ -76,6 +76,7 @@ def bash_call(tok, command, compact=False):
         '</tool_call><|im_end|>'))
 
 
+@pytest.mark.slow   # ~1.5 min on the loaded 2-core machine (litellm's import, the sandbox)
 @pytest.mark.skipif(not sandbox_available(), reason="needs the namespace sandbox")
 def test_mini_swe_agent_episode_through_the_endpoint(tmp_path):
     from sao.fleet.endpoint.mswea import MiniSweAgentHarness
@@ -149,6 +150,7 @@ def check_recorded_transcript(tmp_path):
     assert summary["errors"] == {"history_rewrite": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sandbox_available(), reason="needs the namespace sandbox")
 def test_a_reply_without_a_tool_call_is_dropped_by_mini_swe_agent_and_cut_here():
     """mini-swe-agent 2.4.6 answers a reply without a tool call with a format
