@@ -29,9 +29,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sao import run_metrics  # noqa: E402
-from tests.e2e.test_smollm2_run import buffered_trajectories  # noqa: E402
+from test_smollm2_run import buffered_trajectories  # noqa: E402
 
 
 def run(config, workdir, *overrides, timeout=3300):
