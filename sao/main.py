@@ -25,7 +25,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from rich.console import Console
 
-from sao import config_checks, multihost, run_metrics, storage, train, workers
+from sao import components, config_checks, multihost, run_metrics, storage, train, workers
 from sao.learner.mesh import ENV_PROCESS_ID, maybe_initialize_distributed
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -105,6 +105,10 @@ def main(argv: list[str]) -> None:
     elif not multihost.is_lead():                         # the lead's workers serve the job
         train.train(cfg, workdir, addresses=[])
     else:
+        if any(spec.startswith("swe/") for spec in cfg.env.tasks):
+            # Repository tasks are built (minutes) and cached once, here, so that the
+            # workers spawned next read the cache instead of each building them.
+            components.make_tasks(cfg)
         with workers.local_fleet(cfg, workdir, _config_argv(sys.argv[1:])) as addresses:
             train.train(cfg, workdir, addresses=addresses)
 

@@ -231,14 +231,22 @@ def split_prompts(cfg, tasks: dict) -> tuple[list[dict], list[dict]]:
 
 
 def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[str], None]) -> None:
-    """Phase 1: ``sft.steps`` of SFT on reasoning-gym demonstrations (``sao.sft.cached_sft``), in place."""
+    """Phase 1: ``sft.steps`` of SFT on reasoning-gym demonstrations, or for ``sft.task="swe/..."``
+    the scripted fixes of the training split's repository tasks (``sao.envs.swe.swe_demonstrations``;
+    ``sao.sft.cached_sft``), in place."""
     s = cfg.sft
     conf = cfg.env.task_config.get(s.task)                 # generator settings of the RL task, if any
 
     def make_data():
-        demos = demonstrations.arithmetic_demonstrations(
-            s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
-            task_kwargs=conf.to_dict() if conf is not None else {})
+        if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
+            from sao.envs.swe import swe_demonstrations
+            train, _ = split_prompts(cfg, components.make_tasks(cfg))
+            demos = swe_demonstrations([r["entry"] for r in train if r["task"] == s.task],
+                                       fmt=cfg.env.tool_format, task_name=s.task)[:s.num_demos]
+        else:
+            demos = demonstrations.arithmetic_demonstrations(
+                s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
+                task_kwargs=conf.to_dict() if conf is not None else {})
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
     log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "

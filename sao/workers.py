@@ -94,9 +94,15 @@ def serve(cfg, workdir: str, *, host: str = "127.0.0.1", port: int = 0, worker_i
         engine = components.make_engine(cfg, seed=cfg.seed * 1000 + worker_index + 1,
                                         sglang_url=sglang_url, worker_index=worker_index,
                                         log_dir=server_log_dir(workdir))
-        make_env = components.make_env_factory(cfg, components.make_tasks(cfg),
+        tasks = components.make_tasks(cfg)
+        make_env = components.make_env_factory(cfg, tasks,
                                                clock=components.engine_clock(lambda: engine))
-        episode = agent_episode_fn(engine, make_env, tokenizer, components.sampling_params(cfg, tokenizer),
+        sampling = components.sampling_params(cfg, tokenizer)
+        if cfg.env.harness:  # a harness drives the episode through the worker's endpoint
+            from sao.fleet.endpoint.wiring import harness_episode
+            return engine, harness_episode(cfg, engine, tokenizer, security.token, tasks,
+                                           make_env, sampling)
+        episode = agent_episode_fn(engine, make_env, tokenizer, sampling,
                                    **components.episode_kwargs(cfg, tokenizer))
         return engine, episode
 

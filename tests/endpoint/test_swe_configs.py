@@ -1,0 +1,37 @@
+"""The SWE experiments' values: harness, tasks, coding DIS band, evaluation on the fleet."""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from experiments import grpo_dis_swe, sao_swe  # noqa: E402
+from sao import config_checks  # noqa: E402
+
+HARNESS = {"cpu": "reference", "smollm2_cpu": "mini-swe-agent", "qwen3_30b_a3b": "mini-swe-agent"}
+
+
+@pytest.mark.parametrize("module", [sao_swe, grpo_dis_swe])
+@pytest.mark.parametrize("variant", sorted(HARNESS))
+def test_swe_variants(module, variant):
+    c = module.get_config(variant)
+    assert c.env.harness == HARNESS[variant] and c.eval.where == "fleet"
+    assert tuple(c.env.tasks) == (("swe/source",) if variant.startswith("qwen3") else ("swe/micro",))
+    assert (c.learner.eps_low, c.learner.eps_high) == (0.8, 3.0)      # ratio in (0.2, 4.0)
+    if variant == "cpu":
+        assert c.sft.task == "swe/micro" and c.sft.steps > 0 and c.env.tool_format == "tags"
+    else:
+        assert c.env.tool_format == "hermes"
+    if variant.startswith("qwen3"):
+        assert (c.rollout.max_turns, c.rollout.max_len) == (300, 32768)
+    if module is grpo_dis_swe:
+        assert c.learner.advantage_estimator == "grpo" and c.rollout.group_size >= 2
+        assert c.critic.critic_steps == 0 and c.critic.value_pretrain_steps == 0
+
+
+def test_a_harness_must_evaluate_on_the_fleet():
+    c = sao_swe.get_config("cpu")
+    c.eval.where = "learner"
+    assert any("eval.where='fleet'" in p for p in config_checks.problems(c))
