@@ -209,7 +209,8 @@ def srun(argv: list[str]) -> int:
         env = {**os.environ, "SLURM_PROCID": str(k), "SLURM_NODEID": str(k), "SLURM_LOCALID": "0",
                "SLURM_NNODES": str(len(nodes)), "SLURM_NTASKS": str(len(nodes)),
                "SLURM_JOB_NODELIST": ",".join(nodes), "SLURM_STEP_NODELIST": ",".join(nodes),
-               "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURMD_NODENAME": node, "HOSTNAME": node,
+               "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_STEP_NUM_NODES": str(len(nodes)),
+               "SLURMD_NODENAME": node, "HOSTNAME": node,
                "TMPDIR": tmp, "SAO_LOCALCLUSTER_NODE_DIR": os.path.dirname(tmp)}
         tasks.start(command, env, os.getcwd())
     return tasks.wait()

@@ -79,7 +79,7 @@ def test_sglang_fleet_commands():
     """Each worker starts its own server (sglang_setup) on port sglang_port + i, GPU i * tp."""
     from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                    "--model=/m", "--servers=2", "--tp=2", "--python=python")
+                    "--model=/m", "--servers=2", "--tp=2", "--gpus=4", "--python=python")
     assert len(lines) == 3 and "ensure_token_file" in lines[0] and lines[0].endswith(" /r")
     cfg, worker1 = worker_config(lines[2])
     assert lines[2].startswith("[worker1] ") and lines[2].endswith(" &")
@@ -96,7 +96,7 @@ def test_sglang_fleet_commands():
 def test_sglang_jax_servers_disable_the_overlap_scheduler():
     from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                    "--model=/m", "--servers=1", "--backend=jax", "--python=python")
+                    "--model=/m", "--servers=1", "--backend=jax", "--gpus=1", "--python=python")
     cfg, _ = worker_config(lines[1])
     server0 = sglang_setup.make_server(cfg, 0).command()
     assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
