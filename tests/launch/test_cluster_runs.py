@@ -25,8 +25,10 @@ import time
 import pytest
 
 from cluster import (ROOT, RUN_SETS, box, box_env, fleet_flags, free_ports, logs, run)
+from wandb_offline import wandb_history
 
 from launch import tiny_model
+from sao import run_metrics
 
 NAME = """run "quoted" 'single' (paren) $HOME $(not run) `nor this` \\back *"""
 
@@ -110,10 +112,16 @@ def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, model_dir):
             f"--fleet_args=--backend={backend} {fleet_args} --sglang_port={free_ports(1)}",
             f"--sglang_python={sglang_python}", "--no_install", f"--repo_dir={ROOT}",
             f"--python={ROOT}/.venv/bin/python", f"--token_dir={tmp_path}/token",
-            f"--coordinator_port={free_ports(1)}", f"--worker_port={free_ports(1)}", *sets()]
-    out = run(argv, box_env(box_dir))
+            f"--coordinator_port={free_ports(1)}", f"--worker_port={free_ports(1)}", *sets(),
+            "--set", "model.mesh.data=-1",              # the host's 4 chips (4 CPU devices here)
+            "--set", "run.wandb_project=sao-box"]        # W&B beside TensorBoard, offline
+    out = run(argv, {**box_env(box_dir), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + logs(workdir)
     check_finished(workdir, box_dir)
+    logged = {k for r in wandb_history(workdir) for k in r if not k.startswith("_")}
+    rl = {k for r in run_metrics.read_metrics(str(workdir)) if r["phase"] == "rl"
+          for k, v in r.items() if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert rl and rl <= logged, rl - logged                # the same keys as metrics.jsonl
     gcloud = [c["argv"] for c in box.calls(str(box_dir)) if c["tool"] == "gcloud"]
     assert gcloud[0][:5] == ["compute", "tpus", "tpu-vm", "create", "box-tpu"]
     assert gcloud[-1][:5] == ["compute", "tpus", "tpu-vm", "delete", "box-tpu"]
