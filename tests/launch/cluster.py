@@ -49,10 +49,19 @@ def free_ports(n: int) -> int:
     raise RuntimeError("no free port range")
 
 
+def user_env() -> dict:
+    """A user's environment outside .venv: no venv bin on PATH, no test XLA flags."""
+    venv_bin = str(ROOT / ".venv" / "bin")
+    path = ":".join(p for p in os.environ["PATH"].split(":") if os.path.realpath(p) != os.path.realpath(venv_bin))
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "XLA_FLAGS")}
+    return {**env, "PATH": path, "JAX_PLATFORMS": "cpu"}
+
+
 def box_env(box_dir: pathlib.Path) -> dict:
     """The environment of a user who put the box's shims first on PATH (outside .venv too)."""
-    return {**os.environ, "PATH": f"{SHIMS}:{os.environ['PATH']}", box.DIR_ENV: str(box_dir),
-            "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = user_env()
+    return {**env, "PATH": f"{SHIMS}:{env['PATH']}", box.DIR_ENV: str(box_dir),
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
 def fleet_flags() -> tuple[str, str, str]:
@@ -74,3 +83,33 @@ def logs(workdir: pathlib.Path) -> str:
     """Tails of the run's logs (for assertion messages)."""
     return "".join(f"\n--- {p}\n{p.read_text(errors='replace')[-3000:]}"
                    for p in sorted(workdir.glob("**/*.log")) + sorted(workdir.glob("slurm-*.out")))
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's "Full scale" block, continuation lines joined, comments dropped."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Full scale", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [c.strip() for c in block.replace("\\\n", " ").splitlines() if c.strip() and not c.startswith("#")]
+
+
+def readme_command(*needles: str) -> str:
+    """The one README command holding every needle."""
+    found = [c for c in readme_commands() if all(n in c for n in needles)]
+    assert len(found) == 1, (needles, found)
+    return found[0]
+
+
+def in_tmp(command: str, tmp: pathlib.Path, box_dir: pathlib.Path | None = None) -> str:
+    """A README command with its ``runs/`` (and ``$PWD/runs/``) under ``tmp`` and the box at ``box_dir``."""
+    import re
+    command = re.sub(r"(\$PWD/)?\bruns/", f"{tmp}/runs/", command)
+    return command.replace("/tmp/sao-box", str(box_dir)) if box_dir else command
+
+
+def run_shell(command: str, env: dict, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """``bash -c command`` from the repository root, as a user types it (PATH's python)."""
+    t0 = time.monotonic()
+    out = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    print(f"\n{command[:100]}...: {time.monotonic() - t0:.0f} s, exit {out.returncode}")
+    return out
