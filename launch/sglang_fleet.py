@@ -1,7 +1,7 @@
 """SGLang rollout fleet on one machine: N rollout workers, each starting and supervising its own SGLang server; optionally the learner too.
 
     python launch/sglang_fleet.py --config=experiments/sao_math.py:qwen3_8b \\
-        --workdir=/shared/runs/sao_math --model=/models/qwen3-8b --servers=8 --learner --dry-run
+        --workdir=/shared/runs/sao_math --model=/models/qwen3-8b --servers=4 --gpus=8 --learner --dry-run
 
 Worker ``i`` is ``sao.main --role=rollout`` on port ``worker_port + i`` with
 ``model.init=--model`` (its tokenizer) and the server command in
@@ -15,9 +15,17 @@ first weights (the HF export of each publish) and reloads it on every push:
 such endpoint); it stops the server when it exits. With ``--learner`` the
 learner (``sao.main --role=learner``, ``rollout.worker_addresses`` = these
 workers) runs in the foreground and the workers are stopped when it ends;
-without it the workers serve until stopped, for a learner elsewhere. The run's
-token file (``<workdir>/fleet.token``) is created first unless
-``rollout.token_file`` is set (``--set``).
+without it the workers serve until stopped (SIGTERM or SIGHUP: each stops its
+server), for a learner elsewhere. ``--tp N`` gives each server N GPUs;
+servers x TP (plus one GPU for ``--learner``, which gets the GPUs the servers
+leave through ``CUDA_VISIBLE_DEVICES``) must fit ``--gpus`` (default: the
+GPUs this machine shows), or the launch is refused before it starts
+anything; workers keep their own JAX on the CPU. ``--attach URL,...`` starts
+one worker per SGLang server already running (``--sglang_url``; it reloads
+from the run's publish directory, which it must read). The run's token file
+(``<workdir>/fleet.token``) is created first unless ``rollout.token_file`` is
+set (``--set``). ``--backend=torch --device=cpu`` puts SAO's ``sgl_kernel``
+stand-in on the servers' ``PYTHONPATH`` (``sao/rollout/sgl_kernel_cpu``).
 """
 from __future__ import annotations
 
