@@ -207,10 +207,6 @@ def main(argv=None) -> int:
                         "the learner verifies workers with")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
-    if not args.fleet:
-        parser.error("--fleet is empty: name the GPU machines of the rollout fleet (--fleet=f0,f1)")
-    if args.servers_per_machine < 1 or args.tp < 1:
-        parser.error("--servers_per_machine and --tp must be >= 1")
     if args.workdir.startswith("gs://"):
         try:
             bucket_path(args.workdir)
@@ -219,6 +215,10 @@ def main(argv=None) -> int:
     elif not os.path.isabs(args.workdir) or not args.model:
         parser.error(f"--workdir must be gs://BUCKET/... (every machine mounts the bucket) or an absolute "
                      f"path every machine mounts, with --model; got {args.workdir!r}")
+    if not args.fleet:
+        parser.error("--fleet is empty: name the GPU machines of the rollout fleet (--fleet=f0,f1)")
+    if args.servers_per_machine < 1 or args.tp < 1:
+        parser.error("--servers_per_machine and --tp must be >= 1")
     try:
         num_hosts(args.accelerator)
     except ValueError as e:

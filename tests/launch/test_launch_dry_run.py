@@ -38,8 +38,11 @@ def test_tpu_vm_launch_commands():
     assert "tpus tpu-vm create t1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
     assert "--worker=all" in lines[1] and "pip install" in lines[1]
     assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
-    learner = lines[-1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "--worker=all" in learner and "--role=learner" in learner
+    assert lines[-2:] == ["[local, at exit] gcloud compute ssh f1 --zone=us-east5-a '--command=kill -TERM "
+                          "$(cat $HOME/.sao/fleet-t1.pid) 2>/dev/null; rm -f $HOME/.sao/fleet-t1.pid; true'",
+                          "[local, at exit] gcloud compute tpus tpu-vm delete t1 --zone=us-east5-a --quiet"]
     assert "JAX_NUM_PROCESSES=8" in learner and "JAX_COORDINATOR_ADDRESS=t1-w-0:8476" in learner
     assert "rollout.worker_addresses=f0:50151,f0:50152,f1:50151,f1:50152" in learner
 
@@ -151,13 +154,14 @@ def test_tpu_vm_sets_up_the_fleet_and_a_publish_location_it_can_read():
     for machine in ("f0", "f1"):
         setup = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang-real-venv" in l)
         start = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang_fleet.py" in l)
-        assert setup < start and "make venv sglang-real-venv" in lines[setup]
+        assert setup < start and "make sglang-real-venv" in lines[setup]
         assert "gcsfuse --implicit-dirs" in lines[setup] and "bkt /mnt/sao-bucket" in lines[setup]
         assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in lines[start]
-        assert "--sglang_python=$HOME/.cache/sao/sglang-0.5.23/bin/python" in lines[start]
+        assert '--sglang_python="$HOME/.cache/sao/sglang-0.5.23/bin/python"' in lines[start]
         assert "--model=/mnt/sao-bucket/models/base" in lines[start]
     assert "gcsfuse --implicit-dirs" in lines[1] and "--worker=all" in lines[1]  # the TPU hosts
-    learner = lines[-1]
+    assert "'jax[tpu]" in lines[1] and "'.[gcs]'" in lines[1] and "python3.11 -m venv" not in lines[1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in learner
     assert "model.init=/mnt/sao-bucket/models/base" in learner
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm.py"),
@@ -204,7 +208,7 @@ def test_launchers_make_the_token_first_and_pass_its_path_never_the_token(tmp_pa
         assert ("/c/ca.pem" in lines[scp]) == (machine == "t1")         # CA to the learner only
         assert ("/c/key.pem" in lines[scp]) == (machine != "t1")        # key to the workers only
         assert "rollout.token_file=$HOME/.sao/fleet.token" in lines[start]
-    learner = lines[-1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "rollout.tls_ca=$HOME/.sao/ca.pem" in learner and "tls_key" not in learner
     assert all("rollout.tls_key=$HOME/.sao/key.pem" in l for l in lines if "sglang_fleet.py" in l)
 
@@ -213,7 +217,7 @@ def test_dry_run_loads_and_checks_the_config():
     """A typo in --config or --set fails on --dry-run, with the reason, before anything is printed."""
     for script, extra in [("local.py", ("--workdir=/tmp/x",)),
                           ("sglang_fleet.py", ("--workdir=/tmp/x", "--model=/m")),
-                          ("gpu_slurm.py", ("--workdir=/tmp/x",)), ("tpu_vm.py", ("--workdir=gs://b/x",))]:
+                          ("gpu_slurm.py", ("--workdir=/tmp/x",)), ("tpu_vm.py", ("--workdir=gs://b/x", "--fleet=f0"))]:
         out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script),
                               "--config=experiments/quickstart.py", *extra,
                               "--set", "rollout.max_len=4096", "--dry-run"],
