@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def dry_run(script, *args):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args, "--dry-run"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
@@ -166,7 +166,7 @@ def test_tpu_vm_sets_up_the_fleet_and_a_publish_location_it_can_read():
     assert "model.init=/mnt/sao-bucket/models/base" in learner
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm.py"),
                           "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=/local/run",
-                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode != 0 and "gs://BUCKET" in out.stderr
 
 
@@ -229,3 +229,23 @@ def test_dry_run_loads_and_checks_the_config():
                           "--set", "learner.no_such_key=1", "--dry-run"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode != 0 and "no_such_key" in out.stderr, out.stderr[-2000:]
+
+
+def test_slurm_attach_and_tp():
+    """--attach: no fleet component, one attached worker per URL on the first learner node;
+    --tp: servers per node = GPUs // tp, each server on tp GPUs; the learner starts from --model."""
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--model=/m", "--attach=http://a:1,http://b:2", "--worker_port=7000")
+    text = "\n".join(lines)
+    assert "hetjob" not in text and "--het-group" not in text
+    assert "export SAO_WORKERS=127.0.0.1:7000,127.0.0.1:7001" in text
+    assert "--attach=http://a:1,http://b:2" in text and "--config.model.init=/m" in text
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--tp=4", "--no_install")
+    fleet = next(l for l in lines if "launch/sglang_fleet.py" in l)
+    assert "--servers=2 --tp=4 --gpus=8" in fleet and "pip install" not in "\n".join(lines)
+    assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
+    script = [l for l in lines[:lines.index("[local] mkdir -p /shared/r")] if l]
+    text = "\n".join(script)
+    assert text.index("srun --het-group=0 --kill-on-bad-exit=1") < text.index('kill -TERM "$FLEET_PID"')
+    assert script[-1] == 'exit "$status"'  # the learner's status, no bare wait holding the nodes
