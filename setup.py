@@ -81,6 +81,8 @@ EXTRAS = {
     ],
     # gs:// work dirs, publish dirs and model paths (sao.storage: etils.epath's GCS backend).
     "gcs": ["gcsfs>=2024.2"],
+    # Optional Weights & Biases logging beside TensorBoard (run.wandb_project; sao.run_metrics).
+    "wandb": ["wandb>=0.19,<1"],
 }
 
 setup(

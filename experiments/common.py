@@ -177,6 +177,7 @@ def base() -> ml_collections.ConfigDict:
     u.steps = 1000                        # learner steps (paper: SAO stable for ~1000)
     u.progress = True                     # rich progress bar on the console
     u.tensorboard = True                  # also write TensorBoard events
+    u.wandb_project = ""                  # also log to this Weights & Biases project ("" = off; extra [wandb])
     u.batch_timeout_s = 3600.0            # give up when no batch arrives for this long
     u.record_batches = False              # keep the batches trained on in <workdir>/replay.bin (local)
     u.replay = ""                         # train on a replay.bin instead of a fleet (sao.fleet.replay)

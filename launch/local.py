@@ -16,6 +16,8 @@ import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from launch import venv_check
+    venv_check.ensure()
 from launch import fleet_token  # noqa: E402
 from launch.common import Step, add_common_flags, check_config, dry_run_or_run, sao_main  # noqa: E402
 

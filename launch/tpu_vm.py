@@ -34,15 +34,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from launch import fleet_token  # noqa: E402
-from launch.common import Step, add_common_flags, check_config, dry_run_or_run, sao_main  # noqa: E402
+    from launch import venv_check
+    venv_check.ensure()
+from launch import fleet_token, install  # noqa: E402
+from launch.common import (Step, add_common_flags, check_config, dry_run_or_run, expandable,  # noqa: E402
+                           print_locations, sao_main)
 from launch.mesh_check import learner_mesh  # noqa: E402
-
-CHIPS_PER_HOST = 4          # v4 / v5p hosts have 4 chips
+from launch.tpu_slice import CHIPS_PER_HOST, num_hosts  # noqa: E402
 COORDINATOR_PORT = 8476
 WORKER_PORT = 50151
 DEFAULT_MOUNT = "/mnt/sao-bucket"
@@ -57,20 +60,6 @@ GCSFUSE_INSTALL = (
     "sudo apt-get update -q && sudo apt-get install -y -q gcsfuse))")
 WORKER_NUMBER = ("$(curl -s -H Metadata-Flavor:Google http://metadata.google.internal/"
                  "computeMetadata/v1/instance/attributes/agent-worker-number)")
-
-
-def num_hosts(accelerator: str) -> int:
-    """Hosts of a TPU slice from its type: ``v5p-64`` is 64 TensorCores = 32 chips = 8 hosts.
-
-    Raises ValueError on a malformed accelerator type.
-    """
-    try:
-        gen, cores = accelerator.split("-")
-        cores = int(cores)
-    except ValueError as e:
-        raise ValueError(f"accelerator type like 'v5p-64' expected, got {accelerator!r}") from e
-    chips = cores // 2 if gen in ("v4", "v5p") else cores   # v4/v5p count TensorCores, 2 per chip
-    return max(1, chips // CHIPS_PER_HOST)
 
 
 def bucket_path(workdir: str) -> tuple[str, str]:
@@ -89,30 +78,56 @@ def mount_command(bucket: str, mount: str) -> str:
             f"{bucket} {mount})")
 
 
+def remote_word(value: str) -> str:
+    """One shell word for a remote command: ``$HOME/...`` (made by the launcher) expands there,
+    anything else (``--set`` values: spaces, quotes, ``$``) arrives as written."""
+    return expandable(value) if value.startswith("$HOME/") else shlex.quote(value)
+
+
+def set_words(overrides: list[str], prefix: str = "--set ") -> str:
+    """Overrides as words of a remote command (``--set K=V`` for the fleet launcher, or with
+    ``prefix="--config."`` for ``sao.main``): launcher-made ``$HOME/...`` paths expand there."""
+    out = ""
+    for o in overrides:
+        lead, word = (prefix, o) if prefix.endswith(" ") else ("", prefix + o)
+        out += f" {lead}" + (expandable(word) if o.split("=", 1)[1].startswith("$HOME/") else shlex.quote(word))
+    return out
+
+
+def pid_file(args) -> str:
+    return f"$HOME/.sao/fleet-{args.tpu}.pid"
+
+
 def build(args) -> list[Step]:
     gcloud = ["gcloud", "compute", "tpus", "tpu-vm"]
     where = f"--zone={args.zone}"
     hosts = num_hosts(args.accelerator)
-    bucket, path = bucket_path(args.workdir)
-    publish_root = "/".join(p for p in (args.mount, path, "publish") if p)
-    fleet_model = args.fleet_model or f"{args.mount}/models/base"
-    clone = f"(git clone {args.repo} sao || (cd sao && git pull))"
-    setup = (f"{clone} && cd sao && python3.11 -m venv .venv && "
-             f".venv/bin/pip install -q -e . 'jax[tpu]' && {mount_command(bucket, args.mount)}")
-    steps = [
-        Step("local", (*gcloud, "create", args.tpu, where, f"--accelerator-type={args.accelerator}",
-                       f"--version={args.runtime}")),
-        Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all", f"--command={setup}")),
-    ]
-    fleet_setup = (f"{clone} && cd sao && make venv sglang-real-venv && "
-                   f"{mount_command(bucket, args.mount)}")
+    if args.workdir.startswith("gs://"):  # every machine mounts the bucket; weights travel through it
+        bucket, path = bucket_path(args.workdir)
+        publish_root = "/".join(p for p in (args.mount, path, "publish") if p)
+        fleet_model = args.model or f"{args.mount}/models/base"
+        mount = f" && {mount_command(bucket, args.mount)}"
+    else:                                 # a file system every machine mounts at this path
+        publish_root, fleet_model, mount = f"{args.workdir.rstrip('/')}/publish", args.model, ""
+    repo = shlex.quote(args.repo_dir)
+    clone = f"(git clone {shlex.quote(args.repo)} {repo} || (cd {repo} && git pull))"
+    setup = f"{clone} && cd {repo} && {install.pick_python()} && {install.install_sao('tpu')}{mount}"
+    fleet_setup = (f"{clone} && cd {repo} && {install.pick_python()} && {install.install_sao('cpu')} && "
+                   f"{install.install_sglang()}{mount}")
+    if args.no_install:  # the images have SAO (and SGLang) in --repo_dir already
+        setup, fleet_setup = f"cd {repo}{mount}", f"cd {repo}{mount}"
+    steps = []
+    if not args.existing_tpu:
+        delete = Step("local", (*gcloud, "delete", args.tpu, where, "--quiet"))
+        steps.append(Step("local", (*gcloud, "create", args.tpu, where, f"--accelerator-type={args.accelerator}",
+                                    f"--version={args.runtime}"), at_exit=None if args.keep_tpu else delete))
+    steps.append(Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all", f"--command={setup}")))
     for machine in args.fleet:  # SAO, SGLang (once per machine, in ~/.cache/sao) and the mount
-        steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where,
-                                    f"--command={fleet_setup}")))
+        steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where, f"--command={fleet_setup}")))
     shared = [f"rollout.publish_root={publish_root}", f"model.init={fleet_model}"]
     # Credentials: made here, copied (0600) to each machine before its role starts; paths only.
     learner_files, worker_files = [], []                 # local paths to copy
-    learner_set, worker_set = [*args.set, *shared], [*args.set, *shared]  # + the copies' paths
+    learner_set, worker_set = [*shared, *args.set], [*shared, *args.set]  # + the copies' paths
     if not fleet_token.configured(args.set, "rollout.token_file"):
         token = fleet_token.token_path(os.path.expanduser(args.token_dir or f"~/.sao/{args.tpu}"))
         steps.append(fleet_token.create_step(os.path.dirname(token), sys.executable))
@@ -129,22 +144,28 @@ def build(args) -> list[Step]:
     if learner_files:
         steps += fleet_token.tpu_copy_steps(learner_files, args.tpu, args.zone)
     addresses = []
+    python = remote_word(args.python)
     for machine in args.fleet:
         if worker_files:
             steps += fleet_token.vm_copy_steps(worker_files, machine, args.zone)
-        fleet_cmd = (f"cd sao && .venv/bin/python launch/sglang_fleet.py --config={args.config} "
-                     f"--workdir={args.workdir} --servers={args.servers_per_machine} "
-                     f"--model={fleet_model} --host=0.0.0.0 --sglang_python={SGLANG_PYTHON}"
-                     + "".join(f" --set {o}" for o in worker_set))
-        steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where,
-                                    f"--command={fleet_cmd}"), background=True))
-        addresses += [f"{machine}:{WORKER_PORT + i}" for i in range(args.servers_per_machine)]
-    learner = " ".join(sao_main(args.config, args.workdir, "learner", python=".venv/bin/python",
-                                overrides=[*learner_set, "rollout.worker_addresses=" + ",".join(addresses)]))
-    env = (f"JAX_COORDINATOR_ADDRESS={args.tpu}-w-0:{COORDINATOR_PORT} "
-           f"JAX_NUM_PROCESSES={hosts} JAX_PROCESS_ID={WORKER_NUMBER}")
-    steps.append(Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all",
-                                f"--command=cd sao && {env} {learner}")))
+        flags = [f"--config={args.config}", f"--workdir={args.workdir}", f"--model={fleet_model}",
+                 f"--servers={args.servers_per_machine}", f"--tp={args.tp}", "--host=0.0.0.0",
+                 f"--worker_port={args.worker_port}", *shlex.split(args.fleet_args)]
+        # Its pid in a file: at exit the launcher stops it there (its workers stop their servers).
+        fleet_cmd = (f"cd {repo} && mkdir -p -m 700 $HOME/.sao && echo $$ > {pid_file(args)} && "
+                     f"exec {python} launch/sglang_fleet.py " + " ".join(shlex.quote(f) for f in flags)
+                     + f" --sglang_python={remote_word(args.sglang_python)}" + set_words(worker_set))
+        stop = Step("local", ("gcloud", "compute", "ssh", machine, where,
+                              f"--command=kill -TERM $(cat {pid_file(args)}) 2>/dev/null; rm -f {pid_file(args)}; true"))
+        steps.append(Step("local", ("gcloud", "compute", "ssh", machine, where, f"--command={fleet_cmd}"),
+                          background=True, at_exit=stop))
+        addresses += [f"{machine}:{args.worker_port + i}" for i in range(args.servers_per_machine)]
+    learner = sao_main(args.config, args.workdir, "learner", python="PYTHON")
+    env = (f"JAX_COORDINATOR_ADDRESS={args.tpu}-w-0:{args.coordinator_port} "
+           f"JAX_NUM_PROCESSES={hosts} JAX_PROCESS_ID=${{TPU_WORKER_ID:-{WORKER_NUMBER}}}")
+    learner_cmd = (f"cd {repo} && {env} exec {python} " + " ".join(shlex.quote(a) for a in learner[1:])
+                   + set_words([*learner_set, "rollout.worker_addresses=" + ",".join(addresses)], "--config."))
+    steps.append(Step("local", (*gcloud, "ssh", args.tpu, where, "--worker=all", f"--command={learner_cmd}")))
     return steps
 
 
@@ -155,14 +176,29 @@ def main(argv=None) -> int:
     parser.add_argument("--zone", default="us-east5-a")
     parser.add_argument("--accelerator", default="v5p-64", help="TPU slice type")
     parser.add_argument("--runtime", default="v2-alpha-tpuv5", help="TPU VM software version")
+    parser.add_argument("--existing_tpu", action="store_true",
+                        help="the TPU VM exists: do not create it (nor delete it at the end)")
+    parser.add_argument("--keep_tpu", action="store_true",
+                        help="do not delete the TPU VM this launch created when the learner ends")
     parser.add_argument("--repo", default="https://github.com/YOUR_ORG/sao.git")
+    parser.add_argument("--repo_dir", default="sao", help="SAO checkout on every machine (from $HOME)")
+    parser.add_argument("--python", default=".venv/bin/python",
+                        help="SAO's interpreter on every machine (relative to --repo_dir, or absolute)")
+    parser.add_argument("--no_install", action="store_true",
+                        help="machines have SAO (and SGLang) in --repo_dir: no clone, no pip")
     parser.add_argument("--fleet", default="", help="comma-separated GPU fleet machine names")
     parser.add_argument("--servers_per_machine", type=int, default=8, help="SGLang servers per fleet machine")
-    parser.add_argument("--fleet_model", default="",
+    parser.add_argument("--tp", type=int, default=1, help="GPUs per SGLang server (tensor parallel)")
+    parser.add_argument("--fleet_args", default="",
+                        help="more launch/sglang_fleet.py flags, one quoted string (e.g. '--device=cpu')")
+    parser.add_argument("--sglang_python", default=SGLANG_PYTHON, help="SGLang's interpreter on the fleet")
+    parser.add_argument("--model", "--fleet_model", dest="model", default="",
                         help="base model's HF dir as every machine sees it (model.init of the "
-                        "learner and the workers; default <mount>/models/base)")
+                        "learner and the workers; default <mount>/models/base for a gs:// workdir)")
     parser.add_argument("--mount", default=DEFAULT_MOUNT,
                         help="where every machine mounts the work dir's bucket (gcsfuse)")
+    parser.add_argument("--coordinator_port", type=int, default=COORDINATOR_PORT)
+    parser.add_argument("--worker_port", type=int, default=WORKER_PORT, help="port of worker 0 per machine")
     parser.add_argument("--token_dir", default="", help="local directory of the run's token file "
                         "(default ~/.sao/<tpu>; reused on a relaunch)")
     parser.add_argument("--tls_cert", default="", help="local PEM certificate the workers serve with")
@@ -171,14 +207,28 @@ def main(argv=None) -> int:
                         "the learner verifies workers with")
     args = parser.parse_args(argv)
     args.fleet = [m for m in args.fleet.split(",") if m]
+    if args.workdir.startswith("gs://"):
+        try:
+            bucket_path(args.workdir)
+        except ValueError as e:
+            parser.error(str(e))
+    elif not os.path.isabs(args.workdir) or not args.model:
+        parser.error(f"--workdir must be gs://BUCKET/... (every machine mounts the bucket) or an absolute "
+                     f"path every machine mounts, with --model; got {args.workdir!r}")
+    if not args.fleet:
+        parser.error("--fleet is empty: name the GPU machines of the rollout fleet (--fleet=f0,f1)")
+    if args.servers_per_machine < 1 or args.tp < 1:
+        parser.error("--servers_per_machine and --tp must be >= 1")
     try:
-        bucket_path(args.workdir)
+        num_hosts(args.accelerator)
     except ValueError as e:
         parser.error(str(e))
     check_config(args)
     chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
     learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
-    return dry_run_or_run(build(args), args.dry_run)
+    if not args.dry_run:
+        print_locations(args.workdir)
+    return dry_run_or_run(build(args), args.dry_run, stop_background=True)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ Keys are namespaced ``<subsystem>/<name>`` (``actor/``, ``critic/``,
 ``batch/``, ``fleet/``, ``eval/``, ``sft/``, ``value_pretrain/``). Scalars
 also go to TensorBoard (tensorboardX) under ``<workdir>/tb``. Lists (e.g.
 ``batch/staleness_counts``: number of action tokens per staleness 0, 1, ...)
-are kept in the JSONL only. A resumed run appends; readers merge the
+are kept in the JSONL only. With ``wandb_project`` (config ``run.wandb_project``;
+the ``wandb`` extra, off by default) the same scalars, under the same names as
+in TensorBoard, also go to Weights & Biases (``WANDB_MODE=offline`` keeps the
+run in ``<workdir>/wandb`` for a later ``wandb sync``). A resumed run appends; readers merge the
 records of one (phase, step), later values winning.
 
 The work dir may be local or ``gs://`` (``sao.storage``: the JSONL and the
@@ -21,6 +24,7 @@ appended to). Nothing here touches devices: values are converted with
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -80,7 +84,8 @@ class MetricsWriter:
     (NaN) or ``Infinity`` so that a bad step stays visible.
     """
 
-    def __init__(self, workdir: str, *, tensorboard: bool = True):
+    def __init__(self, workdir: str, *, tensorboard: bool = True, wandb_project: str = "",
+                 run_name: str = "", run_config: Mapping[str, Any] | None = None):
         storage.check(workdir, "work dir")
         storage.makedirs(workdir)
         self.path = storage.join(workdir, METRICS_FILE)
@@ -88,6 +93,7 @@ class MetricsWriter:
         self._tb = None
         if tensorboard:
             self._tb = SummaryWriter(storage.join(workdir, "tb"))
+        self._wandb = _wandb_run(workdir, wandb_project, run_name, run_config) if wandb_project else None
         self._t0 = time.monotonic()
 
     def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> dict:
@@ -102,22 +108,42 @@ class MetricsWriter:
             record[key] = _to_json_value(value)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        scalars = {f"{phase}/{key}" if phase != "rl" else key: value for key, value in record.items()
+                   if "/" in key and _is_scalar(value)}
         if self._tb is not None:
-            for key, value in record.items():
-                if "/" in key and _is_scalar(value):
-                    self._tb.add_scalar(f"{phase}/{key}" if phase != "rl" else key, value, step)
+            for key, value in scalars.items():
+                self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log({**scalars, f"{phase}/step" if phase != "rl" else "step": int(step)})
         return record
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _wandb_run(workdir: str, project: str, name: str, config: Mapping[str, Any] | None):
+    """A W&B run for this work dir (one id per work dir: a resumed run continues it); its local
+    files go under ``<workdir>/wandb`` (a temporary directory for ``gs://``). Raises
+    ImportError naming the extra when wandb is not installed."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError("run.wandb_project is set but wandb is not installed: "
+                          "pip install -e '.[wandb]'") from e
+    local = "://" not in workdir
+    run_id = "sao-" + hashlib.sha256(str(workdir).encode()).hexdigest()[:12]
+    return wandb.init(project=project, name=name or None, id=run_id, resume="allow",
+                      dir=workdir if local else None, config=dict(config or {}))
 
 
 class NullWriter:

@@ -106,7 +106,9 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         if lead:
             console.print(f"[bold cyan]sao[/] {text}")
 
-    with (run_metrics.MetricsWriter(workdir, tensorboard=cfg.run.tensorboard) if lead
+    with (run_metrics.MetricsWriter(workdir, tensorboard=cfg.run.tensorboard,
+                                    wandb_project=cfg.run.get("wandb_project", ""), run_name=cfg.name,
+                                    run_config=cfg.to_dict()) if lead
           else run_metrics.NullWriter()) as writer:
         tokenizer = components.make_tokenizer(cfg)
         tasks = components.make_tasks(cfg)

@@ -41,6 +41,9 @@ JAX_CPU_ARGS: tuple[str, ...] = (
 TORCH_CPU_ARGS: tuple[str, ...] = (
     "--device", "cpu", "--dtype", "float32", "--disable-overlap-schedule",
     "--max-total-tokens", "4096", "--max-running-requests", "16")
+# SGLang's CPU engine imports sgl_kernel, whose only published build needs CUDA: this
+# directory, first on the server's PYTHONPATH, holds the stand-in that lets it import.
+SGL_KERNEL_CPU_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgl_kernel_cpu")
 
 
 def free_port() -> int:

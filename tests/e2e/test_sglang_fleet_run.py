@@ -7,7 +7,7 @@
 (``--backend=torch --sglang_python=<make sglang-real-venv's python>`` for the
 real SGLang server). M is a small Qwen3 (head_dim 128) written by our HF
 exporter with an HF tokenizer and taught to call the Python tool in Hermes
-format (tests/e2e/tiny_qwen3.py). The launcher starts two rollout workers,
+format (launch/tiny_model.py). The launcher starts two rollout workers,
 each starting and supervising its own SGLang server, and the learner: held-out
 evaluation and value-pretraining samples through the fleet, then 3 SAO steps
 (critic and actor) with ``tau=0``, so every token the learner trains on was
@@ -50,8 +50,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "rollout"))
 
-import tiny_qwen3  # noqa: E402
-from sglang_real import PYTHON as REAL_PYTHON, STANDIN, needs_real_sglang  # noqa: E402
+from launch import tiny_model  # noqa: E402
+from sglang_real import PYTHON as REAL_PYTHON, needs_real_sglang  # noqa: E402
 from sao import run_metrics  # noqa: E402
 from sao.ckpt import hf_dir  # noqa: E402
 from sao.fleet.replay import read_batches  # noqa: E402
@@ -68,13 +68,11 @@ JAX_SERVER_ARGS = ("--max-total-tokens 2048 --max-running-requests 4 "
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_qwen3") / "hf"
+def model_dir():
     t0 = time.monotonic()
-    facts = tiny_qwen3.write_model(str(path))
-    print(f"\ntiny Qwen3 (vocab {facts['vocab_size']}, SFT loss {facts['sft_loss']:.3f}) "
-          f"written in {time.monotonic() - t0:.0f} s")
-    return str(path)
+    path = tiny_model.cached()  # built once per version of launch/tiny_model.py
+    print(f"\ntiny Qwen3 ready in {time.monotonic() - t0:.0f} s")
+    return path
 
 
 def free_base_port(n: int) -> int:
@@ -230,8 +228,7 @@ def test_sglang_jax_fleet_run_restarts_on_every_push(model_dir, tmp_path):
 @needs_real_sglang
 def test_real_sglang_fleet_run_updates_weights_from_disk(model_dir, tmp_path):
     workdir = tmp_path / "run"
-    wall = launch(model_dir, workdir, "--backend=torch", f"--sglang_python={REAL_PYTHON}",
-                  f"--server_python_path={STANDIN}")
+    wall = launch(model_dir, workdir, "--backend=torch", f"--sglang_python={REAL_PYTHON}")
     facts = check_run(workdir, model_dir)
     for i in range(2):
         starts, log = server_starts(workdir, i)

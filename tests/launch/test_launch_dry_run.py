@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def dry_run(script, *args):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args, "--dry-run"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
@@ -38,8 +38,11 @@ def test_tpu_vm_launch_commands():
     assert "tpus tpu-vm create t1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
     assert "--worker=all" in lines[1] and "pip install" in lines[1]
     assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
-    learner = lines[-1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "--worker=all" in learner and "--role=learner" in learner
+    assert lines[-2:] == ["[local, at exit] gcloud compute ssh f1 --zone=us-east5-a '--command=kill -TERM "
+                          "$(cat $HOME/.sao/fleet-t1.pid) 2>/dev/null; rm -f $HOME/.sao/fleet-t1.pid; true'",
+                          "[local, at exit] gcloud compute tpus tpu-vm delete t1 --zone=us-east5-a --quiet"]
     assert "JAX_NUM_PROCESSES=8" in learner and "JAX_COORDINATOR_ADDRESS=t1-w-0:8476" in learner
     assert "rollout.worker_addresses=f0:50151,f0:50152,f1:50151,f1:50152" in learner
 
@@ -79,7 +82,7 @@ def test_sglang_fleet_commands():
     """Each worker starts its own server (sglang_setup) on port sglang_port + i, GPU i * tp."""
     from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                    "--model=/m", "--servers=2", "--tp=2", "--python=python")
+                    "--model=/m", "--servers=2", "--tp=2", "--gpus=4", "--python=python")
     assert len(lines) == 3 and "ensure_token_file" in lines[0] and lines[0].endswith(" /r")
     cfg, worker1 = worker_config(lines[2])
     assert lines[2].startswith("[worker1] ") and lines[2].endswith(" &")
@@ -96,7 +99,7 @@ def test_sglang_fleet_commands():
 def test_sglang_jax_servers_disable_the_overlap_scheduler():
     from sao import sglang_setup
     lines = dry_run("sglang_fleet.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/r",
-                    "--model=/m", "--servers=1", "--backend=jax", "--python=python")
+                    "--model=/m", "--servers=1", "--backend=jax", "--gpus=1", "--python=python")
     cfg, _ = worker_config(lines[1])
     server0 = sglang_setup.make_server(cfg, 0).command()
     assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
@@ -151,18 +154,19 @@ def test_tpu_vm_sets_up_the_fleet_and_a_publish_location_it_can_read():
     for machine in ("f0", "f1"):
         setup = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang-real-venv" in l)
         start = next(i for i, l in enumerate(lines) if f"ssh {machine} " in l and "sglang_fleet.py" in l)
-        assert setup < start and "make venv sglang-real-venv" in lines[setup]
+        assert setup < start and "make sglang-real-venv" in lines[setup]
         assert "gcsfuse --implicit-dirs" in lines[setup] and "bkt /mnt/sao-bucket" in lines[setup]
         assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in lines[start]
-        assert "--sglang_python=$HOME/.cache/sao/sglang-0.5.23/bin/python" in lines[start]
+        assert '--sglang_python="$HOME/.cache/sao/sglang-0.5.23/bin/python"' in lines[start]
         assert "--model=/mnt/sao-bucket/models/base" in lines[start]
     assert "gcsfuse --implicit-dirs" in lines[1] and "--worker=all" in lines[1]  # the TPU hosts
-    learner = lines[-1]
+    assert "'jax[tpu]" in lines[1] and "'.[gcs]'" in lines[1] and "python3.11 -m venv" not in lines[1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "rollout.publish_root=/mnt/sao-bucket/runs/a/publish" in learner
     assert "model.init=/mnt/sao-bucket/models/base" in learner
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm.py"),
                           "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=/local/run",
-                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                          "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode != 0 and "gs://BUCKET" in out.stderr
 
 
@@ -204,7 +208,7 @@ def test_launchers_make_the_token_first_and_pass_its_path_never_the_token(tmp_pa
         assert ("/c/ca.pem" in lines[scp]) == (machine == "t1")         # CA to the learner only
         assert ("/c/key.pem" in lines[scp]) == (machine != "t1")        # key to the workers only
         assert "rollout.token_file=$HOME/.sao/fleet.token" in lines[start]
-    learner = lines[-1]
+    learner = next(l for l in lines if "--role=learner" in l)
     assert "rollout.tls_ca=$HOME/.sao/ca.pem" in learner and "tls_key" not in learner
     assert all("rollout.tls_key=$HOME/.sao/key.pem" in l for l in lines if "sglang_fleet.py" in l)
 
@@ -213,7 +217,7 @@ def test_dry_run_loads_and_checks_the_config():
     """A typo in --config or --set fails on --dry-run, with the reason, before anything is printed."""
     for script, extra in [("local.py", ("--workdir=/tmp/x",)),
                           ("sglang_fleet.py", ("--workdir=/tmp/x", "--model=/m")),
-                          ("gpu_slurm.py", ("--workdir=/tmp/x",)), ("tpu_vm.py", ("--workdir=gs://b/x",))]:
+                          ("gpu_slurm.py", ("--workdir=/tmp/x",)), ("tpu_vm.py", ("--workdir=gs://b/x", "--fleet=f0"))]:
         out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script),
                               "--config=experiments/quickstart.py", *extra,
                               "--set", "rollout.max_len=4096", "--dry-run"],
@@ -225,3 +229,23 @@ def test_dry_run_loads_and_checks_the_config():
                           "--set", "learner.no_such_key=1", "--dry-run"],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode != 0 and "no_such_key" in out.stderr, out.stderr[-2000:]
+
+
+def test_slurm_attach_and_tp():
+    """--attach: no fleet component, one attached worker per URL on the first learner node;
+    --tp: servers per node = GPUs // tp, each server on tp GPUs; the learner starts from --model."""
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--model=/m", "--attach=http://a:1,http://b:2", "--worker_port=7000")
+    text = "\n".join(lines)
+    assert "hetjob" not in text and "--het-group" not in text
+    assert "export SAO_WORKERS=127.0.0.1:7000,127.0.0.1:7001" in text
+    assert "--attach=http://a:1,http://b:2" in text and "--config.model.init=/m" in text
+    lines = dry_run("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_8b", "--workdir=/shared/r",
+                    "--tp=4", "--no_install")
+    fleet = next(l for l in lines if "launch/sglang_fleet.py" in l)
+    assert "--servers=2 --tp=4 --gpus=8" in fleet and "pip install" not in "\n".join(lines)
+    assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
+    script = [l for l in lines[:lines.index("[local] mkdir -p /shared/r")] if l]
+    text = "\n".join(script)
+    assert text.index("srun --het-group=0 --kill-on-bad-exit=1") < text.index('kill -TERM "$FLEET_PID"')
+    assert script[-1] == 'exit "$status"'  # the learner's status, no bare wait holding the nodes

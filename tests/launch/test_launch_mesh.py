@@ -38,7 +38,7 @@ def test_launchers_refuse_before_printing_a_step():
     assert out.returncode != 0 and out.stdout == ""
     assert "1 learner nodes x 6 GPUs" in out.stderr and "found 6" in out.stderr
     out = launch("tpu_vm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=gs://b/r",
-                 "--accelerator=v5p-8", "--set", "model.mesh.expert=8")
+                 "--fleet=f0", "--accelerator=v5p-8", "--set", "model.mesh.expert=8")
     assert out.returncode != 0 and "v5p-8 (4 chips)" in out.stderr and "found 4" in out.stderr
     out = launch("gpu_slurm.py", "--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=/tmp/x")
     assert out.returncode == 0, out.stderr                   # 4 nodes x 8 GPUs: fsdp 8 x expert 4

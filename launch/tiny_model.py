@@ -1,4 +1,10 @@
-"""A small Qwen3 that calls the Python tool in Hermes format, for the SGLang fleet runs.
+"""A small Qwen3 that calls the Python tool in Hermes format: a model directory built offline.
+
+    python launch/tiny_model.py runs/tiny_qwen3     # ~1-2 min on 2 CPU cores; cached
+
+What the SGLang fleet commands on a CPU (README, docs/multihost.md, the
+launchers' tests) take as ``--model``: an HF directory (config, safetensors,
+tokenizer) that both SGLang servers load, built here without a download.
 
 Both SGLang servers need ``head_dim`` 128; everything else is as small as it
 goes (2 layers, width 64, a ~600-token vocabulary), so a server starts in
@@ -15,15 +21,21 @@ tokenizer files.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 
-import numpy as np
-from flax import nnx
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+if __name__ == "__main__":
+    from launch import venv_check
+    venv_check.ensure()
+
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from experiments import sao_math  # noqa: E402
 from sao import components, sft  # noqa: E402
@@ -128,5 +140,39 @@ def write_model(path: str, *, sft_steps: int = 300, seed: int = 0) -> dict:
             "max_demo_tokens": int(data.lengths.max())}
 
 
-if __name__ == "__main__":  # python tests/e2e/tiny_qwen3.py OUT_DIR
-    print(write_model(sys.argv[1]))
+def cached(cache_dir: str | None = None) -> str:
+    """The model's directory under ``~/.cache/sao/tiny_qwen3/<hash>`` (``$SAO_CACHE_DIR``),
+    built once per version of this file: the hash is of its source."""
+    with open(os.path.abspath(__file__), "rb") as f:
+        key = hashlib.sha256(f.read()).hexdigest()[:16]
+    base = cache_dir or os.environ.get("SAO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "sao")
+    path = os.path.join(base, "tiny_qwen3", key)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(path) if os.path.isdir(os.path.dirname(path))
+                                         else None) as tmp:
+            write_model(os.path.join(tmp, "hf"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                os.rename(os.path.join(tmp, "hf"), path)
+            except OSError:  # another process built it first
+                if not os.path.exists(os.path.join(path, "config.json")):
+                    raise
+    return path
+
+
+def main(argv: list[str]) -> int:
+    """``tiny_model.py OUT_DIR``: OUT_DIR becomes a copy of the cached model (built if needed)."""
+    if len(argv) != 1:
+        print(f"usage: python {sys.argv[0]} OUT_DIR", file=sys.stderr)
+        return 2
+    source = cached()
+    if os.path.exists(argv[0]):
+        print(f"{argv[0]} exists; leaving it", file=sys.stderr)
+        return 1
+    shutil.copytree(source, argv[0])
+    print(os.path.abspath(argv[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Stand-in for the ``sgl_kernel`` package under SGLang's CPU engine (tests only).
+"""Stand-in for the ``sgl_kernel`` package under SGLang's CPU engine.
 
 What it replaces: ``sglang==0.5.23`` started with ``SGLANG_USE_CPU_ENGINE=1
 --device cpu`` imports eight ``*_cpu`` kernels from ``sgl_kernel`` at module
@@ -8,8 +8,11 @@ level (``sglang/srt/mem_cache/allocation.py``,
 ``sglang-kernel`` wheel on the registry is a CUDA build: importing it on a
 machine without ``libcuda.so.1`` raises ImportError ("Could not load any
 common_ops library"), and no CPU build of it is published, so the server
-cannot even start. This directory goes first on the server's ``PYTHONPATH``
-(``tests/rollout/sglang_real.py``) and shadows the real package.
+cannot even start. Its parent directory (``sao/rollout/sgl_kernel_cpu``,
+``sao.rollout.sglang_server.SGL_KERNEL_CPU_PATH``) goes first on the server's
+``PYTHONPATH`` (``launch/sglang_fleet.py --backend=torch --device=cpu`` puts it
+there; so do the tests) and shadows the real package. It is not part of the
+``sao`` package: only SGLang's interpreter imports it.
 
 Why guards and no kernels: all eight belong to speculative decoding (draft
 cache locations, tree building and verification, bonus tokens) or to moving
@@ -17,7 +20,7 @@ KV entries between slots for it (``assign_req_to_token_pool_cpu`` is reached
 only through ``alloc_for_spec_decode``, ``copy_all_layer_kv_cache_cpu`` only
 through ``move_kv_cache``). Plain decoding, prefix-cache hits,
 ``/update_weights_from_disk`` and ``/flush_cache`` call none of them (found by
-logging every access and call while serving the test's requests: eight
+logging every access and call while serving the tests' requests: eight
 imports, zero calls). So each name exists for the import to succeed and
 raises NotImplementedError naming itself if it is ever called: a guard that
 makes a path our tests do not take fail loudly, never a kernel that returns
@@ -43,9 +46,9 @@ _IMPORTED_AT_START_ON_CPU = (
 def _guard(name: str):
     def guard(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel.{name} was called, but this is SAO's test stand-in for sgl_kernel "
-            f"(tests/rollout/sgl_kernel_cpu_standin), which only lets SGLang's CPU engine "
-            f"import; {name} serves speculative decoding, which the tests do not use")
+            f"sgl_kernel.{name} was called, but this is SAO's CPU stand-in for sgl_kernel "
+            f"(sao/rollout/sgl_kernel_cpu), which only lets SGLang's CPU engine import; "
+            f"{name} serves speculative decoding, which SAO's CPU fleet does not use")
     guard.__name__ = guard.__qualname__ = name
     return guard
 
