@@ -124,6 +124,8 @@ def base() -> ml_collections.ConfigDict:
                                           # workers load only uris under it
     r.max_version_jump = 100_000          # workers refuse a weights version further ahead than this
     r.max_abs_reward = 1e6                # the learner drops trajectories with |reward| above this
+    r.lease_timeout_s = 1800.0            # learner: a worker holding a prompt this long is quarantined
+                                          # and its prompts re-issued (half of run.batch_timeout_s)
 
     # --- env -----------------------------------------------------------------
     c.env = e = ml_collections.ConfigDict()
@@ -227,6 +229,7 @@ def cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     c.checkpoint.hf_export = False
     c.run.steps = 30
     c.run.batch_timeout_s = 600.0
+    c.rollout.lease_timeout_s = 300.0     # episodes here take seconds; a hung worker costs one wait
     return c
 
 

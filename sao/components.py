@@ -234,11 +234,12 @@ def publisher(cfg, learner, model_cfg, tokenizer, directory: str) -> Publisher:
 def dispatcher_config(cfg, learner, tokenizer, security, *, initial_version: int) -> DispatcherConfig:
     """The fleet's ``DispatcherConfig``: batch and staleness from the learner,
     vocabulary from the tokenizer, the largest length bucket as the length
-    bound, ``rollout.max_abs_reward``, ``weights_timeout_s`` and
-    ``max_broken_workers``, and ``security`` (token / TLS)."""
+    bound, ``rollout.max_abs_reward``, ``weights_timeout_s``, ``lease_timeout_s``
+    (0 = none) and ``max_broken_workers``, and ``security`` (token / TLS)."""
     r = cfg.rollout
     return DispatcherConfig(
         batch_size=learner.cfg.batch_size, vocab_size=tokenizer.vocab_size, tau=r.tau,
         initial_version=initial_version, max_length=max(learner.cfg.length_buckets),
         max_abs_reward=r.max_abs_reward, weights_timeout_s=r.weights_timeout_s,
-        max_broken_workers=r.max_broken_workers, security=security)
+        max_broken_workers=r.max_broken_workers, security=security,
+        lease_timeout_s=r.get("lease_timeout_s", 600.0) or None)

@@ -27,7 +27,7 @@ import numpy as np
 
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
 from sao.rollout.agent import run_episodes
-from sao.types import Trajectory
+from sao.types import Trajectory, metadata_number
 
 
 def pass_at_1(trajs: Sequence[Trajectory]) -> dict[str, float]:
@@ -39,8 +39,10 @@ def pass_at_1(trajs: Sequence[Trajectory]) -> dict[str, float]:
         raise ValueError("no evaluation trajectories")
     return {"eval/accuracy": float(np.mean([t.reward >= 1.0 for t in trajs])),
             "eval/reward": float(np.mean([t.reward for t in trajs])),
-            "eval/tool_use": float(np.mean([t.metadata.get("num_tool_calls", 0) > 0 for t in trajs])),
-            "eval/tool_timeouts": float(np.mean([t.metadata.get("tool_timeouts", 0) for t in trajs])),
+            "eval/tool_use": float(np.mean([metadata_number(t.metadata, "num_tool_calls") > 0
+                                            for t in trajs])),
+            "eval/tool_timeouts": float(np.mean([metadata_number(t.metadata, "tool_timeouts")
+                                                 for t in trajs])),
             "eval/length": float(np.mean([t.length for t in trajs])),
             "eval/prompts": float(len(trajs))}
 

@@ -24,7 +24,7 @@ import numpy as np
 from sao import timing
 from sao.learner.batch import make_train_batch
 from sao.rpc import codec
-from sao.types import Trajectory
+from sao.types import Trajectory, metadata_number
 
 
 class TrajectorySource(Protocol):
@@ -170,12 +170,12 @@ class GroupBatcher:
 def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:
     """Outcome statistics of one batch: reward, tool use, lengths, staleness histogram of action tokens."""
     rewards = np.array([t.reward for t in trajs], np.float64)
-    tools = np.array([t.metadata.get("num_tool_calls", 0) > 0 for t in trajs], np.float64)
+    tools = np.array([metadata_number(t.metadata, "num_tool_calls") > 0 for t in trajs], np.float64)
     lags = np.concatenate([learner_version - t.policy_version[t.action_mask] for t in trajs])
     return {"rollout/reward": rewards.mean(), "rollout/tool_use": tools.mean(),
             # Tool calls that hit their wall-clock limit, per episode: a rise flags a loaded
             # or paused worker machine (its observations then say "[timed out]").
-            "rollout/tool_timeouts": float(np.mean([t.metadata.get("tool_timeouts", 0)
+            "rollout/tool_timeouts": float(np.mean([metadata_number(t.metadata, "tool_timeouts")
                                                     for t in trajs])),
             "rollout/length": float(np.mean([t.length for t in trajs])),
             "rollout/truncated": float(np.mean([t.finish == "length" for t in trajs])),

@@ -72,6 +72,7 @@ from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
 from sao.lead_sampling import LeadSampling
+from sao.types import metadata_error
 
 EVAL_BEFORE_FILE = "eval_before.json"
 REPLAY_FILE = "replay.bin"
@@ -199,6 +200,11 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
                "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
+               "drops": dict(fleet.get("drops", {})),               # by reason
+               "quarantined": fleet.get("quarantined", 0),
+               "learner_nonfinite_skips": int(sum(                  # updates voided, all resumes
+                   r.get("learner/nonfinite_skips", 0) for r in run_metrics.read_metrics(workdir)
+                   if r.get("phase", "rl") == "rl")),
                "eval_prompts": len(heldout), "policy_version": states.policy_version}
     if cfg.env.drift_schedule:                              # online env: adaptation per switch
         summary["drift"] = drift_adaptation(cfg, workdir)
@@ -382,8 +388,12 @@ def save(checkpointer, states, step: int, *, data_state) -> None:
 
 
 def env_metrics(trajs) -> dict:
-    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
-    drift = [t.metadata for t in trajs if "phase" in t.metadata]
+    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env).
+
+    Reads only rows whose drift keys pass ``sao.types.metadata_error`` (the
+    dispatcher drops the others on arrival), so it never raises on worker data."""
+    drift = [t.metadata for t in trajs if isinstance(t.metadata, dict) and "phase" in t.metadata
+             and metadata_error(t.metadata) is None]
     if not drift:
         return {}
     return {"env/learner_step": float(max(m["learner_step"] for m in drift)),

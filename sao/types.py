@@ -7,12 +7,68 @@ as the engine saw it (token-in/token-out), with per-token annotations
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+import math
+from typing import Any, Literal, Mapping
 
 import numpy as np
 
 Finish = Literal["stop", "length", "error"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "length", "error")
+
+# Rollout log-probs below this are refused (``logprob_out_of_range``): a float32
+# sampler practically never draws a token this unlikely (at most vocab x e^-40
+# per token), and in a ratio ``exp(logpi - logpi_rollout)`` a forged -1e30 is
+# an inf that turns a GRPO gradient non-finite.
+MIN_ROLLOUT_LOGPROB = -40.0
+# Timings (seconds) outside [0, MAX_TIMING_S] are refused (``bad_timing``).
+MAX_TIMING_S = 1e7
+
+_COUNT = ("count", 0, 10**6)     # an int (not a bool) in [0, 10**6]
+_FRACTION = ("number", 0.0, 1.0)  # an int, float or bool in [0, 1]
+# Every metadata key the learner reads (sao.rl_loop.batch_metrics,
+# sao.evaluation.pass_at_1, sao.train.env_metrics) and the agent loop writes,
+# with its type and range; other keys pass unread. A key of DRIFT_KEYS present
+# needs all of them (the drift env writes them together).
+METADATA_SCHEMA: dict[str, tuple] = {
+    "num_tool_calls": _COUNT, "num_turns": _COUNT, "tool_timeouts": _COUNT,
+    "phase": _COUNT, "learner_step": ("count", 0, 2**31 - 1),
+    "quality": _FRACTION, "style_ok": _FRACTION,
+    "truncated": ("str", 0, 256), "error": ("str", 0, 65536),
+}
+DRIFT_KEYS = ("phase", "learner_step", "quality", "style_ok")
+
+
+def _fits(value: Any, kind: str, low, high) -> bool:
+    if kind == "str":
+        return isinstance(value, str) and low <= len(value) <= high
+    if kind == "count":
+        return type(value) is int and low <= value <= high
+    return (isinstance(value, (int, float)) and math.isfinite(value)
+            and low <= value <= high)  # bool is an int: True / False are 1 / 0
+
+
+def metadata_error(metadata: Any) -> str | None:
+    """Checks trajectory metadata against ``METADATA_SCHEMA``; returns a
+    reason (``bad_metadata_<key>``, or ``bad_metadata_drift`` when a drift key
+    comes without the others) or None. Never raises."""
+    if not isinstance(metadata, Mapping):
+        return "bad_metadata_type"
+    for key, (kind, low, high) in METADATA_SCHEMA.items():
+        if key in metadata and not _fits(metadata[key], kind, low, high):
+            return f"bad_metadata_{key}"
+    present = [k in metadata for k in DRIFT_KEYS]
+    if any(present) and not all(present):
+        return "bad_metadata_drift"
+    return None
+
+
+def metadata_number(metadata: Any, key: str, default: float = 0.0) -> float:
+    """``metadata[key]`` as a float when it is a finite number (bools count
+    as 0 / 1), else ``default``: summaries of worker data never raise on it."""
+    value = metadata.get(key, default) if isinstance(metadata, Mapping) else default
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return float(default)
 
 
 @dataclasses.dataclass
@@ -85,7 +141,8 @@ class Trajectory:
 
 
 def validate(traj: Trajectory, *, vocab_size: int, learner_version: int | None = None,
-             max_length: int | None = None, max_abs_reward: float | None = None) -> str | None:
+             max_length: int | None = None, max_abs_reward: float | None = None,
+             min_logprob: float | None = MIN_ROLLOUT_LOGPROB) -> str | None:
     """Checks a received trajectory; returns a rejection reason or None.
 
     Args:
@@ -95,12 +152,16 @@ def validate(traj: Trajectory, *, vocab_size: int, learner_version: int | None =
         bucket, which a longer trajectory cannot be padded into. None: no bound.
       max_abs_reward: bound on ``|reward|``; a finite but absurd reward would
         still move the policy (the critic's loss overflows first). None: no bound.
+      min_logprob: smallest plausible rollout log-prob on an action token
+        (``MIN_ROLLOUT_LOGPROB``). None: no bound.
 
     Reasons are short stable strings used as metric keys: ``length_mismatch``,
     ``empty``, ``too_long``, ``bad_token_id``, ``no_action_token``,
     ``nonfinite_logprob``, ``positive_logprob``, ``bad_finish``,
     ``nonfinite_reward``, ``reward_out_of_range``, ``future_version``,
-    ``negative_version``, ``bad_shape``.
+    ``negative_version``, ``bad_shape``, ``logprob_out_of_range``,
+    ``bad_timing``, and ``metadata_error``'s ``bad_metadata_<key>``.
+    Never raises on a ``Trajectory`` (whatever a worker put in it).
     """
     arrays = (traj.tokens, traj.action_mask, traj.rollout_logprobs, traj.policy_version)
     if any(a.ndim != 1 for a in arrays):
@@ -128,9 +189,15 @@ def validate(traj: Trajectory, *, vocab_size: int, learner_version: int | None =
     lp = traj.rollout_logprobs[mask]
     if np.any(lp > 0.0):
         return "positive_logprob"
+    if min_logprob is not None and np.any(lp < min_logprob):
+        return "logprob_out_of_range"
     versions = traj.policy_version[mask]
     if versions.min() < 0:
         return "negative_version"
     if learner_version is not None and versions.max() > learner_version:
         return "future_version"
-    return None
+    timings = traj.timings if isinstance(traj.timings, Mapping) else {None: None}
+    if not all(isinstance(v, (int, float)) and 0.0 <= v <= MAX_TIMING_S
+               for v in timings.values()):
+        return "bad_timing"
+    return metadata_error(traj.metadata)

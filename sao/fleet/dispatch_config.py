@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from sao.fleet import staleness
 from sao.rpc import auth
+from sao.types import MIN_ROLLOUT_LOGPROB
 
 if TYPE_CHECKING:
     from sao.fleet.parity import ParityGate
@@ -28,8 +29,11 @@ class DispatcherConfig:
       capacity_per_worker: leases per worker; default the worker's
         ``max_concurrency``.
       max_attempts: issues of a prompt whose episode failed before giving up.
-      lease_timeout_s: issue a lease again to another worker after this long
-        (None: only when its worker is lost).
+      lease_timeout_s: a worker holding a lease this long is quarantined and
+        its prompts issued again to the others (``sao.fleet.health``). The
+        default, 600 s, is far above any episode of the repository's
+        experiments and below their batch timeouts; None: never (a hung
+        worker then holds its prompts until the batch timeout).
       initial_version: learner version before the first ``push_weights``.
       reconnect_s: seconds between reconnection attempts to a lost worker.
       rpc_timeout_s: deadline of ``Status``.
@@ -47,6 +51,8 @@ class DispatcherConfig:
       max_length: longer trajectories are rejected (``too_long``); the learner's
         largest length bucket. None: unbounded (the learner may then fail to pad).
       max_abs_reward: rewards with a larger ``|r|`` are rejected (``reward_out_of_range``).
+      min_rollout_logprob: action tokens with a smaller rollout log-prob are
+        rejected (``logprob_out_of_range``; ``sao.types.MIN_ROLLOUT_LOGPROB``).
 
     Raises ValueError from ``__post_init__`` on a bad batch size, tau, vocab
     size, attempt count, length or reward bound, or a budget below one batch.
@@ -58,7 +64,7 @@ class DispatcherConfig:
     max_in_flight: int | None = None
     capacity_per_worker: int | None = None
     max_attempts: int = 3
-    lease_timeout_s: float | None = None
+    lease_timeout_s: float | None = 600.0
     initial_version: int = 0
     reconnect_s: float = 0.25
     rpc_timeout_s: float = 60.0
@@ -69,6 +75,7 @@ class DispatcherConfig:
     security: auth.Security = auth.Security()
     max_length: int | None = None
     max_abs_reward: float | None = 1e6
+    min_rollout_logprob: float | None = MIN_ROLLOUT_LOGPROB
 
     def __post_init__(self):
         staleness.max_in_flight(self.batch_size, self.tau)  # validates both
@@ -81,6 +88,10 @@ class DispatcherConfig:
                 not self.weights_timeout_s > 0:
             raise ValueError("max_weight_failures must be >= 1, max_broken_workers >= 0 and "
                              "weights_timeout_s > 0")
+        if self.lease_timeout_s is not None and not self.lease_timeout_s > 0:
+            raise ValueError(f"lease_timeout_s must be > 0 or None, got {self.lease_timeout_s}")
+        if self.min_rollout_logprob is not None and not self.min_rollout_logprob < 0:
+            raise ValueError(f"min_rollout_logprob must be < 0, got {self.min_rollout_logprob}")
         if self.max_in_flight is not None and self.max_in_flight < self.batch_size:
             raise ValueError(f"max_in_flight ({self.max_in_flight}) < batch_size")
 

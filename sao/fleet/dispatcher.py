@@ -9,7 +9,9 @@ or dropped with a reason (codec / ``sao.types.validate`` reasons, ``stale``
 when ``learner_version - oldest action version > tau``, ``duplicate`` when its
 prompt was already answered, ``env_error`` for ``finish == "error"`` (an
 environment failure, not a zero reward; the prompt is not issued again),
-``unknown_lease``). The learner pulls batches
+``unknown_lease``, ``foreign_lease`` for an answer to a lease issued to another
+worker, ``quarantined`` for one from a quarantined worker; the checks are
+``sao.fleet.intake``'s). The learner pulls batches
 with ``get_batch``; after each published step it calls ``push_weights``.
 
 Between a ``get_batch`` and the next ``push_weights`` (or ``get_batch``) the
@@ -22,8 +24,11 @@ acknowledged them), so each batch of B prompts is generated entirely by the
 weights of the previous step and awaited as a whole (a barrier).
 
 Faults: a worker whose stream breaks loses its leases, which go back to the
-front of the queue for live workers; a lease older than ``lease_timeout_s``
-is issued again to another worker (the first answer wins). ``state_dict`` /
+front of the queue for live workers (an answer it still sends first wins). A
+worker holding a lease older than ``lease_timeout_s`` (hung, or far too slow)
+is quarantined (``quarantine``: marked unhealthy for the rest of the run, its
+prompts issued again to the others); so is one that reports weights newer than
+the learner's (someone else pushed them). ``state_dict`` /
 ``load_state_dict`` carry the buffer, the prompts to re-issue and the prompt
 source's position (when it has ``get_state`` / ``set_state``, as
 ``sao.data.prompts.PromptStream``: the rest of a GRPO group included) across a
@@ -39,25 +44,25 @@ data): ``sao.fleet.sample_jobs``. Settings: ``sao.fleet.dispatch_config``.
 """
 from __future__ import annotations
 
-import base64
 import collections
 import concurrent.futures
 import threading
 import time
 from typing import Iterable
 
-from sao.fleet import staleness
+from sao.fleet import intake, staleness
 from sao.fleet.dispatch_config import DispatcherConfig, FleetError
-from sao.fleet.leases import Lease, LeaseBook
+from sao.fleet.health import Health
+from sao.fleet.leases import Lease, LeaseBook, requests_by_link
 from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
 from sao.fleet.roster import Roster
 from sao.fleet.sample_jobs import SampleJob, issue_jobs
-from sao.rpc import codec, sao_pb2
-from sao.types import Trajectory, validate
+from sao.rpc import sao_pb2
+from sao.types import Trajectory
 
 
-class Dispatcher:
+class Dispatcher(Health):
     """Client of the rollout fleet; thread-safe; use as a context manager.
 
     Args:
@@ -79,6 +84,7 @@ class Dispatcher:
         self._weights: tuple[int, str] | None = None
         self._awaiting_push = False  # a batch was served, its step not yet published
         self._roster = Roster()  # workers that cannot serve now, and why
+        self._quarantined: set[WorkerLink] = set()
         self._jobs: list[SampleJob] = []  # sampling outside training, oldest first
         self.metrics = FleetMetrics()
         self._started = False
@@ -149,7 +155,7 @@ class Dispatcher:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(self._buffer)}/{B} trajectories after {timeout}s")
                 self._cv.wait(0.05)
-                self._respawn_overdue()
+                self._expire_overdue()
             batch = [self._buffer.popleft() for _ in range(min(B, len(self._buffer)))]
             self.metrics.batch_served(time.monotonic() - t0,
                                       [staleness.lag(t, self._version) for t in batch])
@@ -181,10 +187,12 @@ class Dispatcher:
                     for fut in concurrent.futures.as_completed(futures, timeout=timeout):
                         link, r = futures[fut], fut.result()
                         results[link.address] = r.version if r.ok else r.error
-                        if r.ok:
-                            with self._cv:
+                        with self._cv:
+                            if r.ok:
                                 self.metrics.worker(link.address).version = r.version
-                        else:
+                            self._check_version(link, r.version)  # pushed ahead by another
+                            reset = not r.ok and link not in self._quarantined
+                        if reset:
                             link.reset()
         finally:
             with self._cv:  # only now may the next batch's prompts go out
@@ -215,6 +223,7 @@ class Dispatcher:
                         raise TimeoutError(f"sampling: {job.settled}/{len(job.results)} "
                                            f"prompts answered after {timeout}s")
                     self._cv.wait(0.05)
+                    self._expire_overdue()
             finally:
                 self._jobs.remove(job)
                 self._cancel(job.withdraw())  # nothing once finished
@@ -239,21 +248,24 @@ class Dispatcher:
         prompt source's position (``LeaseBook.state_dict``)."""
         with self._cv:
             return {"version": self._version, "weights": self._weights,
-                    "buffer": [base64.b64encode(codec.encode(t)).decode() for t in self._buffer],
+                    "buffer": intake.encode_buffer(self._buffer),
                     "leases": self._book.state_dict(), "metrics": self.metrics.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restores ``state_dict()`` output; call before ``start``. Buffered
-        trajectories come back, in-flight prompts are issued again."""
+        trajectories come back (each checked again as on arrival: a row the
+        current checks refuse, e.g. metadata off ``sao.types.METADATA_SCHEMA``
+        saved by an older version, is dropped and counted), in-flight prompts
+        are issued again."""
         with self._cv:
             if self._started:
                 raise RuntimeError("load_state_dict must be called before start()")
             self._version = int(state["version"])
             self._weights = tuple(state["weights"]) if state.get("weights") else None
-            self._buffer = collections.deque(codec.decode(base64.b64decode(b))
-                                             for b in state["buffer"])
-            self._book.load_state_dict(state["leases"])
             self.metrics.load_state_dict(state.get("metrics", {}))
+            self._buffer = collections.deque(intake.decode_buffer(
+                state["buffer"], self.config, self._version, self.metrics.drop))
+            self._book.load_state_dict(state["leases"])
 
     # -- link callbacks (link threads) -------------------------------------
     def latest_weights(self) -> tuple[int, str] | None:
@@ -312,18 +324,17 @@ class Dispatcher:
             self._cv.notify_all()
 
     def link_response(self, link: WorkerLink, response: sao_pb2.GenerateResponse) -> None:
-        decoded = []
-        for f in response.finished:  # decode outside the lock
-            if f.WhichOneof("result") == "trajectory":
-                decoded.append((f.lease_id, len(f.trajectory), *codec.try_decode(f.trajectory), None))
-            else:
-                decoded.append((f.lease_id, 0, None, None, f.error or "empty result"))
+        answers = intake.decode_answers(response)  # outside the lock
         with self._cv:
             stats = self.metrics.worker(link.address)
             stats.version = response.worker_version
-            for lease_id, nbytes, traj, reason, error in decoded:
-                stats.bytes += nbytes
-                self._ingest(link, lease_id, traj, reason, error)
+            self._check_version(link, response.worker_version)
+            for a in answers:
+                stats.bytes += a.nbytes
+                if link in self._quarantined:
+                    self.metrics.drop("quarantined")
+                else:
+                    self._ingest(link, a.lease_id, a.traj, a.reason, a.error)
             self._schedule()
             self._cv.notify_all()
 
@@ -341,16 +352,16 @@ class Dispatcher:
         """Marks a prompt answered and cancels its other leases on their workers."""
         self._cancel(self._book.finish(prompt_id))
 
-    def _validate(self, traj: Trajectory) -> str | None:
-        c = self.config
-        return validate(traj, vocab_size=c.vocab_size, learner_version=self._version,
-                        max_length=c.max_length, max_abs_reward=c.max_abs_reward)
-
     def _ingest(self, link, lease_id, traj, reason, error) -> None:
         """Gives one arriving answer exactly one outcome (accepted or a drop reason)."""
         job = next((j for j in self._jobs if j.owns(lease_id)), None)
+        holder = (job.book if job is not None else self._book).issued_to(lease_id)
+        if holder is not None and holder is not link:  # only its holder may answer a lease
+            self.metrics.drop("foreign_lease")
+            return
         if job is not None:  # a sampling job keeps its answers, never the buffer
-            reason = reason or (None if error is not None else self._validate(traj))
+            reason = reason or (None if error is not None else
+                                intake.check(traj, self.config, self._version))
             self.metrics.sample_outcome(job.settle(lease_id, traj, reason, error))
             return
         prompt_id, lease = self._book.settle(lease_id)
@@ -373,12 +384,7 @@ class Dispatcher:
                 self._finish_prompt(prompt_id)
                 self.metrics.drop("episode_failed")
             return
-        if reason is None:
-            reason = self._validate(traj)
-        if reason is None and traj.finish == "error":
-            reason = "env_error"  # an environment failure, not a zero reward: not trained
-        if reason is None and staleness.is_stale(traj, self._version, self.config.tau):
-            reason = "stale"
+        reason = reason or intake.refusal(traj, self.config, self._version)
         self._finish_prompt(prompt_id)
         if reason is not None:
             self.metrics.drop(reason)
@@ -410,11 +416,8 @@ class Dispatcher:
 
     @staticmethod
     def _send(leases: list[Lease]) -> None:
-        by_link: dict[WorkerLink, list] = {}
-        for lease in leases:
-            by_link.setdefault(lease.link, []).append(lease.to_proto())
-        for link, protos in by_link.items():
-            link.send(sao_pb2.GenerateRequest(leases=protos))
+        for link, request in requests_by_link(leases):
+            link.send(request)
 
     def _schedule(self) -> None:
         """Issues leases while the budget and worker capacity allow."""
@@ -433,16 +436,4 @@ class Dispatcher:
                 break
             issued.append(lease)
             budget -= 1
-        self._send(issued)
-
-    def _respawn_overdue(self) -> None:
-        """Issues overdue leases once more on another worker (first answer wins)."""
-        if self.config.lease_timeout_s is None:
-            return
-        issued = []
-        for lease in self._book.overdue(self.config.lease_timeout_s):
-            others = [l for l in self._live if l is not lease.link and self._free(l) > 0]
-            if others:
-                issued.append(self._book.issue_again(lease, max(others, key=self._free)))
-                self.metrics.reissued += 1
         self._send(issued)

@@ -1,7 +1,9 @@
 """Which prompt is where: the dispatcher's lease book.
 
 A *lease* is one issue of a prompt to one worker (``lease_id`` unique per
-issue). The book tracks outstanding leases by worker and by prompt, the
+issue and unguessable: 128 random bits from ``secrets``, so a worker cannot
+name another's leases; the book remembers which worker each was issued to,
+``issued_to``, and the dispatcher takes an answer only from that worker). The book tracks outstanding leases by worker and by prompt, the
 queue of prompts to issue again (ahead of fresh ones from the source), how
 often each prompt was issued, and which prompts are answered (``done``), so
 that each prompt's trajectory is counted exactly once whatever the faults.
@@ -18,11 +20,11 @@ import collections
 import dataclasses
 import itertools
 import json
+import secrets
 import time
-import uuid
 from typing import Hashable, Iterable, Iterator
 
-from sao.rpc import sao_pb2
+from sao.rpc import auth, sao_pb2
 
 
 @dataclasses.dataclass
@@ -38,6 +40,28 @@ class Lease:
     def to_proto(self) -> sao_pb2.Lease:
         return sao_pb2.Lease(lease_id=self.lease_id, prompt_id=self.prompt_id,
                              prompt_json=json.dumps(self.prompt), temperature=self.temperature)
+
+
+def requests_by_link(leases: Iterable[Lease]) -> list[tuple[Hashable, sao_pb2.GenerateRequest]]:
+    """``(link, GenerateRequest)`` pairs carrying ``leases`` to their links,
+    each request at most half of ``sao.rpc.auth.MAX_REQUEST_BYTES`` (what a
+    worker accepts) unless one lease alone is larger (such a prompt record
+    cannot be sent)."""
+    by_link: dict[Hashable, list] = {}
+    for lease in leases:
+        by_link.setdefault(lease.link, []).append(lease.to_proto())
+    out, cap = [], auth.MAX_REQUEST_BYTES // 2
+    for link, protos in by_link.items():
+        chunk, size = [], 0
+        for p in protos:
+            n = p.ByteSize() + 8
+            if chunk and size + n > cap:
+                out.append((link, sao_pb2.GenerateRequest(leases=chunk)))
+                chunk, size = [], 0
+            chunk.append(p)
+            size += n
+        out.append((link, sao_pb2.GenerateRequest(leases=chunk)))
+    return out
 
 
 def prompt_id_of(prompt: dict, n: int) -> str:
@@ -80,13 +104,13 @@ class LeaseBook:
         self._source_done = False
         self._outstanding: dict[str, Lease] = {}
         self._lease_prompt: dict[str, str] = {}   # every lease ever issued
+        self._lease_link: dict[str, Hashable] = {}  # ... and the worker it was issued to
         self._identity: dict[str, tuple[str, int, int]] = {}  # key -> (prompt id, epoch, group)
         self._by_prompt: dict[str, set[str]] = collections.defaultdict(set)
         self._by_link: dict[Hashable, set[str]] = collections.defaultdict(set)
         self._pending: collections.deque[tuple[str, dict]] = collections.deque()
         self.attempts: collections.Counter[str] = collections.Counter()
         self.done: set[str] = set()
-        self._session = uuid.uuid4().hex[:8]
         self._counter = itertools.count()
 
     # -- counts ---------------------------------------------------------------
@@ -110,6 +134,10 @@ class LeaseBook:
     def knows(self, lease_id: str) -> bool:
         """Whether ``lease_id`` was ever issued by this book."""
         return lease_id in self._lease_prompt
+
+    def issued_to(self, lease_id: str):
+        """The link ``lease_id`` was issued to (None if never issued here)."""
+        return self._lease_link.get(lease_id)
 
     def running(self, prompt_id: str) -> bool:
         return bool(self._by_prompt.get(prompt_id))
@@ -142,11 +170,12 @@ class LeaseBook:
 
     def _record(self, prompt_id: str, prompt: dict, link) -> Lease:
         seq = next(self._counter)
-        lease = Lease(f"{self._session}-{seq}", prompt_id, prompt, link, time.monotonic(), seq,
+        lease = Lease(secrets.token_urlsafe(16), prompt_id, prompt, link, time.monotonic(), seq,
                       self.temperature)
         self.attempts[prompt_id] += 1
         self._outstanding[lease.lease_id] = lease
         self._lease_prompt[lease.lease_id] = prompt_id
+        self._lease_link[lease.lease_id] = link
         self._by_prompt[prompt_id].add(lease.lease_id)
         self._by_link[link].add(lease.lease_id)
         return lease
@@ -160,11 +189,10 @@ class LeaseBook:
         """A second concurrent lease of ``lease``'s prompt (speculative re-issue)."""
         return self._record(lease.prompt_id, lease.prompt, link)
 
-    def overdue(self, timeout_s: float) -> list[Lease]:
-        """Outstanding leases older than ``timeout_s`` whose prompt runs only once."""
+    def overdue_links(self, timeout_s: float) -> set:
+        """Links holding an outstanding lease issued ``timeout_s`` or more ago."""
         now = time.monotonic()
-        return [l for l in self._outstanding.values()
-                if now - l.issued_at >= timeout_s and len(self._by_prompt[l.prompt_id]) == 1]
+        return {l.link for l in self._outstanding.values() if now - l.issued_at >= timeout_s}
 
     # -- settling ---------------------------------------------------------------
     def _forget(self, lease: Lease) -> None:
@@ -196,18 +224,33 @@ class LeaseBook:
             self._forget(lease)
         return withdrawn
 
-    def drop_link(self, link) -> int:
-        """Withdraws every lease ``link`` held; queues their prompts again
-        (unless answered or running elsewhere); returns how many were queued."""
+    def withdraw_link(self, link) -> list[Lease]:
+        """Withdraws (and returns) every lease ``link`` holds."""
         withdrawn = [self._outstanding.pop(i) for i in self._by_link.pop(link, ())
                      if i in self._outstanding]
         for lease in withdrawn:
             self._forget(lease)
-        again = [l for l in sorted(withdrawn, key=lambda l: l.seq)
-                 if l.prompt_id not in self.done and not self.running(l.prompt_id)]
-        for lease in reversed(again):  # oldest first, ahead of everything queued
+        return withdrawn
+
+    def requeue_withdrawn(self, withdrawn: list[Lease]) -> int:
+        """Queues the prompts of ``withdrawn`` leases (those issued by this
+        book, not answered, not running elsewhere) again, oldest first, ahead
+        of everything queued; returns how many."""
+        again, seen = [], set()
+        for lease in sorted(withdrawn, key=lambda l: l.seq):
+            pid = lease.prompt_id
+            if (self._lease_link.get(lease.lease_id) is lease.link and pid not in self.done
+                    and not self.running(pid) and pid not in seen):
+                again.append(lease)
+                seen.add(pid)
+        for lease in reversed(again):
             self.requeue(lease.prompt_id, lease.prompt)
         return len(again)
+
+    def drop_link(self, link) -> int:
+        """Withdraws every lease ``link`` held; queues their prompts again
+        (unless answered or running elsewhere); returns how many were queued."""
+        return self.requeue_withdrawn(self.withdraw_link(link))
 
     # -- checkpointing ------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -99,6 +99,12 @@ class WorkerLink:
         self.reset()
         self._thread.join(timeout)
 
+    def retire(self) -> None:
+        """Like ``close`` without waiting: ends the stream, never reconnects
+        (safe under the owner's lock, from any thread)."""
+        self._closed.set()
+        self.reset()
+
     def send(self, request: sao_pb2.GenerateRequest) -> None:
         """Queues a request on the current stream (dropped if none: the owner
         re-issues leases of a lost link anyway)."""

@@ -5,7 +5,9 @@ Names: ``queue_depth`` (trajectories buffered, waiting for the learner),
 ``prompts_in_flight``, ``staleness`` (histogram of lag in versions of the
 trajectories handed to the learner), ``drops`` (count by reason: validation
 reasons of ``sao.types.validate``, codec reasons, ``stale``, ``duplicate``,
-``env_error``, ``episode_failed``, ``unknown_lease``), ``learner_idle_fraction`` (time the
+``env_error``, ``episode_failed``, ``unknown_lease``, ``foreign_lease``,
+``quarantined``), ``quarantined`` (workers quarantined: ``sao.fleet.health``),
+``version_ahead`` (reports of weights newer than the learner's), ``learner_idle_fraction`` (time the
 learner spent blocked in ``get_batch`` over time since its first batch; the
 first fill of the pipeline is excluded), per-worker throughput, and the
 sampling jobs' episodes apart from training (``sampled``: kept for the job,
@@ -51,6 +53,7 @@ class FleetMetrics:
         self.trained = 0
         self.reissued = 0
         self.episode_errors = 0
+        self.quarantined = self.version_ahead = 0
         self.sampled = self.sample_dropped = self.sample_failed = 0
         self.workers: dict[str, WorkerStats] = {}
         self._first_batch_at: float | None = None
@@ -93,6 +96,7 @@ class FleetMetrics:
                 "pending_reissue": pending, "learner_version": learner_version,
                 "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
                 "episode_errors": self.episode_errors, "drops": dict(self.drops),
+                "quarantined": self.quarantined, "version_ahead": self.version_ahead,
                 "sampled": self.sampled, "sample_dropped": self.sample_dropped,
                 "sample_failed": self.sample_failed,
                 "dropped": sum(self.drops.values()),
@@ -104,11 +108,13 @@ class FleetMetrics:
         return {"drops": dict(self.drops),
                 "staleness": {str(k): v for k, v in self.staleness.items()},
                 "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
-                "episode_errors": self.episode_errors}
+                "episode_errors": self.episode_errors, "quarantined": self.quarantined,
+                "version_ahead": self.version_ahead}
 
     def load_state_dict(self, state: dict) -> None:
         self.drops = collections.Counter(state.get("drops", {}))
         self.staleness = collections.Counter({int(k): v for k, v in
                                               state.get("staleness", {}).items()})
-        for key in ("accepted", "trained", "reissued", "episode_errors"):
+        for key in ("accepted", "trained", "reissued", "episode_errors", "quarantined",
+                    "version_ahead"):
             setattr(self, key, int(state.get(key, 0)))

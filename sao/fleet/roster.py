@@ -1,6 +1,8 @@
 """Which workers cannot serve the dispatcher now, and why.
 
-Three kinds: a worker that refused the credentials (``UNAUTHENTICATED`` /
+Four kinds: a worker quarantined by the dispatcher (``sao.fleet.health``:
+a missed lease timeout, weights ahead of the learner's) is unusable for good;
+a worker that refused the credentials (``UNAUTHENTICATED`` /
 ``PERMISSION_DENIED``) is unusable for good; so is a broken one (its engine
 gave up, or its weight loads kept failing: ``sao.fleet.link``), and more than
 the tolerated number of broken workers is a ``FleetError`` naming them; one
@@ -26,6 +28,7 @@ class Roster:
         self.unusable: dict[str, str] = {}  # address -> why it cannot serve now
         self.rejected: set[str] = set()     # addresses that refused the credentials
         self.broken: dict[str, str] = {}    # address -> why it cannot serve again
+        self.quarantined: set[str] = set()  # addresses the dispatcher stopped using
 
     def break_worker(self, address: str, error: str) -> str:
         """The worker cannot serve again (``error``); returns the reason kept."""
@@ -33,9 +36,15 @@ class Roster:
         log.error("worker %s is broken: %s", address, error)
         return self.unusable[address]
 
+    def quarantine(self, address: str, reason: str) -> str:
+        """The dispatcher stopped using the worker (``reason``); returns the reason kept."""
+        self.quarantined.add(address)
+        self.unusable[address] = f"quarantined ({reason})"
+        return self.unusable[address]
+
     def permanent(self, address: str) -> bool:
-        """Unusable for good: rejected the credentials, or broken."""
-        return address in self.rejected or address in self.broken
+        """Unusable for good: rejected the credentials, broken, or quarantined."""
+        return address in self.rejected or address in self.broken or address in self.quarantined
 
     def raise_if_broken(self, max_broken: int) -> None:
         """Raises ``FleetError`` naming every broken worker when more than

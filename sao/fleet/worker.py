@@ -14,7 +14,9 @@ so the learner stops pushing to it (``sao.fleet.link``). Binds 127.0.0.1
 unless told otherwise, and any other address only with
 a token (``sao.rpc.credentials.check_bind``). ``UpdateWeights`` loads only a
 newer version within ``max_version_jump`` of the served one, from a uri under
-``publish_root`` (``weights_request_error``); a refusal is an error value.
+``publish_root`` that the publish manifest there names for that version
+(``sao.fleet.published``; ``weights_request_error``); a refusal is an error
+value.
 
 Entry points: ``serve(...)`` (asyncio, returns a running ``WorkerServer``) and
 ``run(...)`` (blocking, for ``python -m sao.main --role rollout``).
@@ -34,6 +36,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 import numpy as np
 
+from sao.fleet.published import unpublished_error
 from sao.rollout.base import Engine
 from sao.rpc import auth, codec, credentials, sao_pb2, sao_pb2_grpc
 from sao.types import Trajectory
@@ -59,8 +62,9 @@ class WorkerConfig:
       security: token and TLS settings (``sao.rpc.auth.Security``); a token is
         required unless ``host`` is loopback.
       publish_root: directory the learner publishes weights under
-        (``sao.ckpt.publish``); ``UpdateWeights`` refuses uris outside it.
-        None: any uri (in-process fleets, tests).
+        (``sao.ckpt.publish``); ``UpdateWeights`` refuses uris outside it and
+        any ``(version, uri)`` its publish manifest does not hold
+        (``sao.fleet.published``). None: any uri (in-process fleets, tests).
       max_version_jump: most versions one ``UpdateWeights`` may move ahead of
         the served version (not checked before the first learner weights, while
         the engine serves a negative version). None: no bound.
@@ -106,7 +110,9 @@ def weights_request_error(version: int, uri: str, *, served: int, served_uri: st
     to it from another uri (the same uri is an idempotent retry), more than
     ``max_version_jump`` ahead of a served version >= 0; a uri that is not a
     path (or ``file://`` uri) strictly under ``publish_root`` after resolving
-    symlinks and ``..``.
+    symlinks and ``..``; a ``(version, uri)`` the publish manifest under
+    ``publish_root`` does not hold (``sao.fleet.published.unpublished_error``:
+    a version never published, or one labelling another version's weights).
     """
     if not 0 <= version <= MAX_VERSION:
         return f"version {version} outside [0, {MAX_VERSION}]"
@@ -119,6 +125,8 @@ def weights_request_error(version: int, uri: str, *, served: int, served_uri: st
                 f"ahead of the served {served}")
     if publish_root is not None and not _under(uri, publish_root):
         return f"uri {uri!r} is not under the publish root {publish_root}"
+    if publish_root is not None:
+        return unpublished_error(version, uri, publish_root)
     return None
 
 

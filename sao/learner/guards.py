@@ -3,6 +3,10 @@
 A step computes the new state, then keeps the old one (leaf by leaf, inside
 the same jitted function) when the loss or the gradient is not finite; the
 metrics say which (``skipped_nonfinite_loss`` / ``skipped_nonfinite_grad``).
+The host then reports it (`report_skipped`): a warning naming the step, the
+part (``actor`` / ``critic``), loss or gradient, and the likely cause read off
+the step's metrics, and ``learner/nonfinite_skips`` = 1 in the step's record
+(summed in ``summary.json``), so a voided batch is never silent.
 """
 from __future__ import annotations
 
@@ -47,6 +51,38 @@ def finite_guard(loss: jax.Array, grads) -> tuple[jax.Array, dict[str, jax.Array
     ok = loss_ok & grad_ok
     return ok, {"skipped_nonfinite_loss": (~loss_ok).astype(jnp.float32),
                 "skipped_nonfinite_grad": (loss_ok & ~grad_ok).astype(jnp.float32)}
+
+
+# exp() of a float32 overflows past this: an importance ratio with a larger
+# log ratio is inf (a rollout log-prob far below the learner's).
+_F32_EXP_MAX = 88.0
+
+
+def skipped_cause(metrics: dict[str, float]) -> str:
+    """The likely cause of a skipped update, read off host metrics: an
+    importance ratio that overflows (``*/max_abs_log_ratio`` > 88), or else
+    the non-finite metrics by name."""
+    causes = []
+    for key, v in sorted(metrics.items()):
+        if key.endswith("max_abs_log_ratio") and math.isfinite(v) and v > _F32_EXP_MAX:
+            causes.append(f"importance ratio overflows: {key} = {v:.3g} (a rollout log-prob "
+                          "far below the learner's; exp() of float32 is inf past 88)")
+    bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+    if bad:
+        causes.append("non-finite " + ", ".join(bad))
+    return "; ".join(causes) or "no metric shows it (a non-finite gradient inside the model)"
+
+
+def report_skipped(step: int, metrics: dict[str, float]) -> float:
+    """Logs a warning when the step's update was skipped for a non-finite loss
+    or gradient (``*/skipped_nonfinite_*`` metrics > 0) with `skipped_cause`;
+    returns 1.0 if so, else 0.0 (``learner/nonfinite_skips``)."""
+    flags = sorted(k for k, v in metrics.items() if "/skipped_nonfinite_" in k and v > 0)
+    if not flags:
+        return 0.0
+    log.warning("learner step %d: update skipped (%s), the batch trained nothing: %s",
+                step, ", ".join(flags), skipped_cause(metrics))
+    return 1.0
 
 
 def _path_str(path) -> str:

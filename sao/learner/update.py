@@ -37,6 +37,7 @@ from jax.sharding import Mesh
 from sao import algo
 from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
+from sao.learner.guards import report_skipped
 from sao.learner.mesh import host_scalar, put_batch
 from sao.learner.state import LearnerStates, TrainState
 
@@ -163,7 +164,9 @@ def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
       ``(new_states, metrics)``: python floats keyed ``batch/...``,
       ``critic/...`` (last of the K critic steps), ``actor/...`` (absent
       during critic warm-up), ``learner/step``, ``learner/policy_version``,
-      ``learner/actor_updated``.
+      ``learner/actor_updated``, ``learner/nonfinite_skips`` (1 when a
+      non-finite loss or gradient voided an update of this step; a warning
+      names the cause: `sao.learner.guards.report_skipped`).
     Raises:
       ValueError: ``seq_advantages`` given without ``advantage_estimator="given"``
         (or missing with it) or not f32[B]; a batch with another B.
@@ -211,7 +214,8 @@ def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
     new = LearnerStates(actor=actor, critic=critic, ref_params=states.ref_params, step=new_step)
     out = to_host(metrics)
     out.update({"learner/step": float(step + 1), "learner/actor_updated": float(update_actor),
-                "learner/policy_version": float(new.policy_version)})
+                "learner/policy_version": float(new.policy_version),
+                "learner/nonfinite_skips": report_skipped(step + 1, out)})
     return new, out
 
 

@@ -6,6 +6,18 @@ or wrong token ends the call with ``UNAUTHENTICATED`` before any handler runs.
 TLS is optional: the worker serves with a certificate/key pair, the learner
 verifies it against a CA (for a self-signed certificate, the certificate
 itself). Workers bind to 127.0.0.1 unless configured otherwise.
+
+Message sizes: a worker receives only small messages (leases, weight-load
+orders naming a location, status requests), at most ``MAX_REQUEST_BYTES``;
+gRPC refuses a larger one from its length prefix (``RESOURCE_EXHAUSTED``)
+before buffering it, so a caller without the token cannot make a worker hold
+a large message while the token is checked (the interceptor sees the call
+before its message, but the refusal of a unary call still reads it). The
+worker also keeps HTTP/2's receive window at its 64 KiB default (no
+bandwidth-delay probing, which grew it to megabytes per call while a refused
+message kept arriving). Only the
+learner receives large messages (trajectory batches, up to
+``MAX_MESSAGE_BYTES``), and only from the workers it dialled.
 """
 from __future__ import annotations
 
@@ -17,8 +29,10 @@ import grpc
 
 METADATA_KEY = "authorization"
 _PREFIX = "Bearer "
-# Large trajectory batches: raise gRPC's 4 MiB default on both ends.
+# Large trajectory batches (worker -> learner): raise gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# What a worker accepts (learner -> worker: leases, weight-load orders, status).
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,20 +125,21 @@ KEEPALIVE_MS = 20_000
 KEEPALIVE_TIMEOUT_MS = 10_000
 
 
-def _size_options() -> list[tuple[str, int]]:
-    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-
-
 def server_options() -> list[tuple[str, int]]:
-    return _size_options() + [
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
-        ("grpc.http2.max_ping_strikes", 0)]
+    """A worker's: sends up to ``MAX_MESSAGE_BYTES``, receives up to ``MAX_REQUEST_BYTES``."""
+    return [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_MS // 2),
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.http2.bdp_probe", 0)]
 
 
 def channel_options(security: Security) -> list[tuple[str, object]]:
-    opts: list[tuple[str, object]] = _size_options() + [
+    """The learner's: sends up to ``MAX_REQUEST_BYTES``, receives up to ``MAX_MESSAGE_BYTES``."""
+    opts: list[tuple[str, object]] = [
+        ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", KEEPALIVE_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1)]

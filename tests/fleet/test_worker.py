@@ -1,4 +1,5 @@
 """The worker service directly over gRPC, and the staleness arithmetic."""
+import os
 import grpc
 import pytest
 
@@ -85,37 +86,83 @@ def test_weights_request_refusals(kwargs, match):
     assert match in _refusal(**kwargs)
 
 
+def publish_tree(root, versions, latest=None):
+    """The layout ``sao.ckpt.publish`` leaves: version directories with
+    ``params`` and the ``LATEST`` marker (``latest``: the marker's version)."""
+    import json
+    from sao.fleet.published import version_dir
+    for v in versions:
+        os.makedirs(os.path.join(version_dir(str(root), v), "params"), exist_ok=True)
+    latest = max(versions) if latest is None else latest
+    (root / "LATEST").write_text(json.dumps({"version": latest, "path": f"v{latest:010d}"}))
+
+
+def test_publish_manifest_names_match_the_learners():
+    from sao import ckpt
+    from sao.fleet import published
+    assert (published.LATEST_MARKER, published.PARAMS_DIR) == (ckpt.LATEST_MARKER, ckpt.PARAMS_DIR)
+    assert published.version_dir("/r", 7) == ckpt._version_dir("/r", 7)
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(version=1), dict(version=100), dict(version=2**31 - 1, served=-1),  # first weights
-    dict(version=1, uri="file:///run/publish/v1/params"),
-    dict(version=5, served=5, uri="/run/publish/v5", served_uri="/run/publish/v5"),  # a retry
+    dict(version=1, uri="file://{root}/v0000000001/params"),
+    dict(version=5, served=5, uri="{root}/v0000000005/params",
+         served_uri="{root}/v0000000005/params"),  # a retry
     dict(version=10**6, max_version_jump=None, publish_root=None, uri="mem://x"),
 ])
-def test_weights_request_accepted(kwargs):
+def test_weights_request_accepted(kwargs, tmp_path):
+    root = tmp_path / "publish"
+    root.mkdir()
+    publish_tree(root, [1, 5, 100, 2**31 - 1])
+    version = kwargs["version"]
+    kwargs = {k: v.format(root=root) if isinstance(v, str) else v for k, v in kwargs.items()}
+    kwargs.setdefault("uri", str(root / f"v{version:010d}" / "params"))
+    kwargs.setdefault("publish_root", str(root))
     assert _refusal(**kwargs) is None
+
+
+@pytest.mark.parametrize("version,uri,match", [
+    (51, "v0000000051", "not published"),          # a jump past the manifest's latest
+    (3, "v0000000003", "no longer published"),     # not in the tree (pruned)
+    (2, "v0000000001", "not where version 2"),     # version 1's weights labelled 2
+    (1, "v0000000001", "no publish manifest"),     # (with the marker removed)
+])
+def test_unpublished_versions_are_refused(tmp_path, version, uri, match):
+    root = tmp_path / "publish"
+    root.mkdir()
+    publish_tree(root, [1, 2], latest=4)
+    if match == "no publish manifest":
+        (root / "LATEST").unlink()
+    assert match in _refusal(version, str(root / uri / "params"), publish_root=str(root))
 
 
 def test_publish_root_resolves_symlinks(tmp_path):
     root, outside = tmp_path / "publish", tmp_path / "elsewhere"
     root.mkdir()
     outside.mkdir()
-    (root / "v1").symlink_to(outside)
-    assert "publish root" in _refusal(1, str(root / "v1" / "params"), publish_root=str(root))
-    assert _refusal(1, str(root / "v2" / "params"), publish_root=str(root)) is None
+    publish_tree(root, [2])
+    (root / "v0000000001").symlink_to(outside)
+    assert "publish root" in _refusal(1, str(root / "v0000000001" / "params"),
+                                      publish_root=str(root))
+    assert _refusal(2, str(root / "v0000000002" / "params"), publish_root=str(root)) is None
 
 
-def test_refused_update_is_an_error_value_and_changes_nothing():
-    with sim_worker(publish_root="/run/publish") as w, grpc.insecure_channel(w.address) as ch:
+def test_refused_update_is_an_error_value_and_changes_nothing(tmp_path):
+    root = tmp_path / "publish"
+    root.mkdir()
+    publish_tree(root, [1])
+    v1 = str(root / "v0000000001" / "params")
+    with sim_worker(publish_root=str(root)) as w, grpc.insecure_channel(w.address) as ch:
         stub = sao_pb2_grpc.RolloutWorkerStub(ch)
         update = lambda v, uri: stub.UpdateWeights(sao_pb2.UpdateWeightsRequest(version=v, uri=uri),
                                                    timeout=10)
-        r = update(2**62, "/run/publish/v/params")
+        r = update(2**62, str(root / "v" / "params"))
         assert not r.ok and r.version == 0 and r.error.startswith("ValueError: refused: version")
         assert "publish root" in update(1, "/tmp/evil").error
-        assert update(1, "/run/publish/v1/params").ok
-        assert update(1, "/run/publish/v1/params") == sao_pb2.UpdateWeightsResponse(ok=True,
-                                                                                     version=1)
-        assert not update(1, "/run/publish/v1b/params").ok
-        assert w.engine.version == 1 and w.engine.weight_uris == ["/run/publish/v1/params"]
+        assert update(1, v1).ok
+        assert update(1, v1) == sao_pb2.UpdateWeightsResponse(ok=True, version=1)
+        assert not update(1, str(root / "v1b" / "params")).ok
+        assert w.engine.version == 1 and w.engine.weight_uris == [v1]
         assert w.server.servicer.refused_updates == 3
         assert stub.Status(sao_pb2.StatusRequest(), timeout=10).refused_updates == 3  # visible remotely

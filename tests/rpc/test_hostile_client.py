@@ -4,8 +4,10 @@ the token: absurd versions, 2**62, uris outside the publish root). The worker
 refuses each with an error, its engine never moves, and the learner keeps
 training and publishing; none of these calls ends the run."""
 import grpc
+import numpy as np
 import pytest
 
+from sao import ckpt
 from sao.fleet import sim
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
 from sao.fleet.local import ThreadedWorker
@@ -49,7 +51,7 @@ def run(tmp_path):
 def _train_step(d, publish_root):
     assert len(d.get_batch(timeout=30)) == 4
     v = d.learner_version + 1
-    uri = str(publish_root / f"v{v:010d}" / "params")
+    uri = ckpt.publish(str(publish_root), v, {"w": np.zeros(2, np.float32)})  # as the learner does
     assert d.push_weights(v, uri) == {list(d.snapshot()["workers"])[0]: v}
 
 
