@@ -261,10 +261,13 @@ class ParityHooks:
             return True
         return verify(gate, link, weights_version, self.quarantine) is True
 
-    def _verify_loaded(self, link, version: int) -> None:
-        """After ``link``'s worker acknowledged weights ``version`` in a push:
-        checks it (a failure quarantines it; no answer makes it reconnect,
-        and it is checked again as it rejoins)."""
+    def _load_verified(self, link, version: int, uri: str) -> sao_pb2.UpdateWeightsResponse:
+        """``link.update_weights(version, uri)`` (a push, in the push's thread
+        pool), then, once the worker acknowledged the weights, its check: a
+        failure quarantines it; no answer makes it reconnect, and it is
+        checked again as it rejoins."""
+        r = link.update_weights(version, uri)
         gate = self.config.parity
-        if gate is not None and verify(gate, link, version, self.quarantine) is None:
+        if r.ok and gate is not None and verify(gate, link, r.version, self.quarantine) is None:
             link.reset()
+        return r
