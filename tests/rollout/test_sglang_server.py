@@ -75,12 +75,15 @@ def test_sglang_server_logprobs_match_and_reload_by_restart(tmp_path):
         # log-probs at a batch-mate's temperature (docs/rollout.md, quirks).
         first = await asyncio.gather(*(engine.generate(p, sp) for p, sp in cases[:3]))
         first.append(await engine.generate(*cases[3]))
+        scores.append(await engine.score(prompts[1:]))  # prompts[1] is cached by now
         await engine.load_weights(1, dirs[1])
         assert await engine.health()
         second = await engine.generate(prompts[1], SamplingParams(max_new_tokens=12))
+        scores.append(await engine.score(prompts[1:]))
         await engine.close()
         return first, second
 
+    scores = []  # Engine.score (the parity gate's probe) before and after the reload
     try:
         server.start()
         engine = SGLangEngine(server.base_url, server=server, reload="restart",
@@ -102,3 +105,7 @@ def test_sglang_server_logprobs_match_and_reload_by_restart(tmp_path):
     assert second.versions == [1] * len(second.tokens)
     np.testing.assert_allclose(second.logprobs,
                                recomputed(models[1], prompts[1], second.tokens, 1.0), atol=1e-4)
+    for model, scored in zip(models, scores):  # prompt log-probs: the learner's, per version
+        for p, got in zip(prompts[1:], scored):
+            assert got[0] == 0.0 and len(got) == len(p)
+            np.testing.assert_allclose(got[1:], recomputed(model, p[:1], p[1:], 1.0), atol=1e-4)
