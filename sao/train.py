@@ -5,7 +5,9 @@
 1. SFT warm start of the policy on demonstrations (``sft.steps`` > 0);
 2. held-out pass@1 of the starting policy;
 3. value pretraining of the critic on samples of the starting policy (fresh runs);
-4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers;
+4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers, each
+   of them checked by the log-prob parity gate (``rollout.parity``,
+   ``sao.fleet.parity``) as it joins and after every push;
 5. held-out pass@1 after RL; ``summary.json`` and a summary table, with where
    the wall time went (``sao.timing``: ``time/...`` keys and a second table).
 

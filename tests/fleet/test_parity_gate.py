@@ -104,6 +104,7 @@ def config(gate, tau=1):
     return DispatcherConfig(batch_size=2, vocab_size=TOK.vocab_size, tau=tau, parity=gate)
 
 
+@pytest.mark.slow  # three engines of three configs to compile, three pushes
 def test_matched_servers_pass_a_mismatched_one_is_quarantined_and_the_run_goes_on(learner):
     gate, publish = learner
     with worker() as good, worker(dtype="bfloat16") as bf16, worker(rope_theta=1e6) as rope:
@@ -128,6 +129,7 @@ def test_matched_servers_pass_a_mismatched_one_is_quarantined_and_the_run_goes_o
     assert workers[good.address]["problem"] == "" and workers[bf16.address]["problem"] == ""
 
 
+@pytest.mark.slow
 def test_a_server_broken_by_a_push_loses_its_prompts_to_the_others(learner):
     gate, publish = learner
     release = threading.Event()  # the half-loading server's episodes wait for it
