@@ -20,7 +20,7 @@ measures the disagreement directly and stops using such a server.
   ``/version``).
 * **Verdict**: a mean gap above ``max_mean_gap`` (default 0.1 nats; a
   float32 learner against a bfloat16 server of a real model differs by about
-  0.02, a wrong rope theta by 0.25, half-loaded weights by 17:
+  0.03, a wrong rope theta by 0.26, half-loaded weights by 17:
   docs/fleet.md), or a max gap above ``max_token_gap`` (off by default), or
   an answer that cannot be compared (an engine that cannot score, wrong
   shapes, non-finite or positive log-probs) fails the check: the dispatcher
