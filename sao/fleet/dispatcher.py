@@ -280,6 +280,8 @@ class Dispatcher(Health, ParityHooks):
 
     def link_joined(self, link: WorkerLink, capacity: int, weights_version: int | None) -> bool:
         with self._cv:
+            if link in self._quarantined:
+                return False  # its link is retired: it stops
             current = None if self._weights is None else self._weights[0]
             if weights_version != current:
                 return False  # published meanwhile: the link syncs again
@@ -310,6 +312,8 @@ class Dispatcher(Health, ParityHooks):
         """Why the worker (holding ``worker_version``) cannot serve now, or None."""
         with self._cv:
             stats = self.metrics.worker(link.address)
+            if link in self._quarantined:
+                return stats.problem
             reason = self._roster.check(link.address, worker_version, self._version)
             if reason is None:
                 if not self._roster.permanent(link.address):

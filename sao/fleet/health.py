@@ -18,6 +18,10 @@ those starting with ``_`` hold its lock.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sao.fleet.link import WorkerLink
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +68,7 @@ class Health:
     def _check_version(self, link: WorkerLink, version: int) -> None:
         """A worker reporting weights newer than the learner's was pushed them
         by someone else: its version label cannot be trusted, so it is quarantined."""
-        if version > self._version:
+        if version > self._version and link not in self._quarantined:
             self.metrics.version_ahead += 1
             self._quarantine(link, f"reports weights version {version}, ahead of the learner "
                                    f"version {self._version}")

@@ -254,6 +254,8 @@ class WorkerLink:
             q: queue.Queue = queue.Queue()
             self._sendq = q
             while True:  # the learner may publish while we sync: retry until current
+                if self._closed.is_set():  # closed or retired meanwhile
+                    return False
                 synced = self._sync_weights(stub, version)
                 if synced is not None:
                     version = synced

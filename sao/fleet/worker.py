@@ -346,14 +346,16 @@ async def serve(engine: Engine, episode_fn: EpisodeFn, config: WorkerConfig = Wo
 
 
 def run(make_engine_and_episode: Callable[[], tuple[Engine, EpisodeFn]],
-        config: WorkerConfig = WorkerConfig(), *, ready: Callable[[str], None] | None = None) -> None:
+        config: WorkerConfig = WorkerConfig(), *, ready: Callable[[str], None] | None = None,
+        servicer_cls: type[RolloutServicer] = RolloutServicer) -> None:
     """Blocking entry point (the CLI role): builds the engine inside the
     worker's event loop, serves until SIGINT/SIGTERM, then stops cleanly.
-    ``ready(address)`` is called once the server listens."""
+    ``ready(address)`` is called once the server listens; ``servicer_cls`` as
+    for ``serve``."""
 
     async def main():
         engine, episode_fn = make_engine_and_episode()
-        worker = await serve(engine, episode_fn, config)
+        worker = await serve(engine, episode_fn, config, servicer_cls=servicer_cls)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
