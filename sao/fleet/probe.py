@@ -84,8 +84,22 @@ def reference_logprobs(model_of: Callable[[Any], Any], params, sequences: Sequen
     tokens = np.zeros((len(sequences), width), np.int32)
     for i, s in enumerate(sequences):
         tokens[i, :len(s)] = s
-    out = np.asarray(multihost.gather_to_host(score(params, tokens)), np.float32)
+    out = np.asarray(multihost.gather_to_host(score(params, _replicated_like(params, tokens))),
+                     np.float32)
     return [out[i, :len(s)] for i, s in enumerate(sequences)]
+
+
+def _replicated_like(params, tokens: np.ndarray):
+    """``tokens`` replicated over the mesh ``params`` live on (every process
+    holds the same probe: a global array, as a multi-process jit needs), or
+    as they are when the params carry no mesh."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+    sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+    if not isinstance(sharding, NamedSharding):
+        return tokens
+    return jax.make_array_from_callback(tokens.shape, NamedSharding(sharding.mesh, PartitionSpec()),
+                                        lambda index: tokens[index])
 
 
 def make_score(model_of: Callable[[Any], Any]):
