@@ -48,7 +48,8 @@ def rope_worker(cfg, workdir: str, index: int) -> ThreadedWorker:
                                         **components.episode_kwargs(cfg, tokenizer))
     return ThreadedWorker(make, WorkerConfig(max_concurrency=8,
                                              security=workers.fleet_security(cfg, workdir),
-                                             publish_root=workers.publish_root(cfg, workdir)))
+                                             publish_root=workers.publish_root(cfg, workdir)),
+                          start_timeout=300)  # tasks and model built on a busy machine
 
 
 def test_a_run_whose_servers_all_disagree_stops_naming_the_causes(tmp_path):
