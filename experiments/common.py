@@ -88,6 +88,14 @@ def base() -> ml_collections.ConfigDict:
     r.push_every = 1                      # push weights to the fleet every N learner steps
     r.weights_timeout_s = 900.0           # learner: one UpdateWeights (a server restart takes minutes)
     r.max_broken_workers = 0              # learner: workers that may break (engine gave up) before FleetError
+    # Log-prob parity gate (docs/fleet.md "Log-prob parity gate"): each server scores a fixed probe
+    # set at start-up and after every weight push; one that disagrees with the learner is quarantined.
+    r.parity = p = ml_collections.ConfigDict()
+    p.enabled = True                      # learner: check every server (False: trust them)
+    p.max_mean_gap = 0.1                  # nats: most mean |server - learner| log-prob per probe token
+                                          # (SmolLM2: bf16 server vs f32 learner 0.03; wrong rope theta 0.26)
+    p.max_token_gap = 0.0                 # nats: most |gap| on any probe token (0 = not checked)
+    p.timeout_s = 300.0                   # one Score rpc (a probe is one forward pass per sequence)
     # SGLang servers of rollout.engine="sglang" (docs/rollout.md "Workers and their servers"): each
     # worker starts and supervises its own server from this command, or attaches to one by URL.
     r.sglang = g = ml_collections.ConfigDict()

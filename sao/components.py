@@ -11,6 +11,8 @@ from flax import nnx
 
 from sao import sglang_setup
 from sao.fleet.dispatch_config import DispatcherConfig
+from sao.fleet.parity import ParityGate
+from sao.fleet.probe import probe_sequences
 from sao.envs import EpisodeConfig, env_factory, make_task
 from sao.envs.sandbox import SandboxLimits
 from sao.learner.baselines import RunningMeanBaseline
@@ -182,6 +184,20 @@ def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None, worker_inde
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
                      max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
                      version=version)
+
+
+def parity_gate(cfg, tokenizer) -> ParityGate | None:
+    """The run's log-prob parity gate from ``rollout.parity`` (None when not
+    ``enabled``): the probe set in the run's tokenizer and ``env.tool_format``,
+    cut to ``rollout.max_len``; ``max_token_gap`` 0 means not checked. Raises
+    ValueError on thresholds that are not > 0."""
+    p = cfg.rollout.parity
+    if not p.enabled:
+        return None
+    sequences = probe_sequences(tokenizer, tool_format=cfg.env.tool_format,
+                                max_len=cfg.rollout.max_len)
+    return ParityGate(sequences, max_mean_gap=p.max_mean_gap,
+                      max_token_gap=p.max_token_gap or None, timeout_s=p.timeout_s)
 
 
 EVAL_WHERE = ("auto", "learner", "fleet")

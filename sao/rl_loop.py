@@ -226,6 +226,10 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
             else:                                                      # critic-free, caller's baseline
                 states, m = learner.update(states, batch, given)
         metrics.update(m)
+        # The servers' log-prob parity checks of the weights that sampled this batch (the
+        # start-up checks in the first record), taken before this step's push checks anew.
+        metrics.update({f"parity/{k}": v for k, v in
+                        _scalars(source.snapshot().get("parity", {})).items()})
         used += len(trajs)
         version = states.policy_version
         if version != pushed and version % loop.push_every == 0:

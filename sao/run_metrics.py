@@ -8,7 +8,8 @@ Every learner step writes one JSON object to ``<workdir>/metrics.jsonl``::
     {"step": 12, "time_s": 31.4, "actor/loss": ..., "eval/accuracy": ...}
 
 Keys are namespaced ``<subsystem>/<name>`` (``actor/``, ``critic/``,
-``batch/``, ``fleet/``, ``eval/``, ``sft/``, ``value_pretrain/``). Scalars
+``batch/``, ``fleet/``, ``parity/`` (per rollout server: ``parity/<host:port>/mean_gap``
+...; ``sao.fleet.parity``), ``eval/``, ``sft/``, ``value_pretrain/``). Scalars
 also go to TensorBoard (tensorboardX) under ``<workdir>/tb``. Lists (e.g.
 ``batch/staleness_counts``: number of action tokens per staleness 0, 1, ...)
 are kept in the JSONL only. With ``wandb_project`` (config ``run.wandb_project``;

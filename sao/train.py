@@ -5,7 +5,9 @@
 1. SFT warm start of the policy on demonstrations (``sft.steps`` > 0);
 2. held-out pass@1 of the starting policy;
 3. value pretraining of the critic on samples of the starting policy (fresh runs);
-4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers;
+4. asynchronous RL (``sao.rl_loop.train``) against the rollout workers, each
+   of them checked by the log-prob parity gate (``rollout.parity``,
+   ``sao.fleet.parity``) as it joins and after every push;
 5. held-out pass@1 after RL; ``summary.json`` and a summary table, with where
    the wall time went (``sao.timing``: ``time/...`` keys and a second table).
 
@@ -49,6 +51,7 @@ continue it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -65,6 +68,7 @@ from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
 from sao.fleet.dispatcher import Dispatcher
+from sao.fleet.probe import ReferencePublisher
 from sao.fleet.replay import ReplaySource, ReplayWriter
 from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
@@ -124,12 +128,17 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         states = learner.init_states()
         publish = components.publisher(cfg, learner, policy.cfg, tokenizer,  # clears publish/
                                        workers.publish_root(cfg, workdir))
+        gate = components.parity_gate(cfg, tokenizer)      # servers must score as the learner
+        if gate is not None:                               # each published version is scored here
+            publish = ReferencePublisher(publish, params_of=lambda s: s.actor.params,
+                                         model_of=learner.actor_def.merge, gate=gate)
         on_fleet = components.samples_on_fleet(cfg)
         if not lead:                                       # processes 1..: the lead samples
             sampler = None
         elif on_fleet:                                     # SGLang engines: the learner holds none
-            sampler = FleetSampler(addresses, components.dispatcher_config(
-                cfg, learner, tokenizer, security, initial_version=states.policy_version), publish,
+            sampler = FleetSampler(addresses, dataclasses.replace(components.dispatcher_config(
+                cfg, learner, tokenizer, security, initial_version=states.policy_version),
+                parity=gate), publish,
                 temperature=cfg.rollout.temperature, timeout_s=cfg.run.batch_timeout_s)
         else:
             engine = components.make_engine(cfg, seed=cfg.seed + 7, model=policy)  # in process
@@ -183,7 +192,7 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
                 cfg, learner, states, addresses, train_records, tokenizer, start_step=start_step,
                 data_state=data_state, checkpointer=checkpointer, evaluate=evaluate,
                 workdir=workdir, writer=writer, security=security, publish=publish,
-                sampler=sampler, timer=rl_clock)
+                sampler=sampler, timer=rl_clock, parity=gate)
             checkpointer.close()
         # 5. Held-out evaluation after RL.
         with clock.part("eval_after"):
@@ -285,7 +294,7 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
 
 def reinforce(cfg, learner, states, addresses: list[str], train_records: list[dict], tokenizer, *,
               start_step: int, data_state: dict, checkpointer, evaluate, workdir: str, writer,
-              security, publish, sampler, timer: timing.Stopwatch | None = None):
+              security, publish, sampler, timer: timing.Stopwatch | None = None, parity=None):
     """Phase 4: the RL loop from ``start_step`` with a dispatcher over ``addresses``.
 
     ``data_state`` is the restored checkpoint's (``{}`` on a fresh run);
@@ -293,7 +302,8 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
     ``publish(states, version) -> uri`` the run's ``sao.publishing.Publisher``;
     ``sampler`` (``evaluate``'s) samples through this dispatcher meanwhile; ``timer``
     gets the RL loop's parts (``rl_loop.train``), the first push and the last
-    checkpoint included. Returns ``(states, steps done, the dispatcher's final snapshot)``.
+    checkpoint included; ``parity`` the dispatcher's log-prob parity gate (``sao.fleet.parity``,
+    None: none). Returns ``(states, steps done, the dispatcher's final snapshot)``.
 
     Only the lead has a dispatcher (or, with ``run.replay``, a ``ReplaySource``);
     with several processes each batch it takes goes to all (``multihost.BatchBroadcast``,
@@ -314,8 +324,9 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
         # "prompts" is where checkpoints written before kept the position alone.
         stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
                                               state=data_state.get("prompts")), cfg.rollout.group_size)
-        source = dispatcher = Dispatcher(addresses, stream, components.dispatcher_config(
-            cfg, learner, tokenizer, security, initial_version=states.policy_version))
+        source = dispatcher = Dispatcher(addresses, stream, dataclasses.replace(
+            components.dispatcher_config(cfg, learner, tokenizer, security,
+                                         initial_version=states.policy_version), parity=parity))
         if data_state.get("dispatcher"):
             dispatcher.load_state_dict(data_state["dispatcher"])
         group_size = cfg.rollout.group_size

@@ -80,6 +80,14 @@ def test_tiny_run_end_to_end_and_resume():
     # init differs): the first actor update sees ratios ~1, so DIS masks almost nothing.
     assert recs[2]["actor/frac_masked_low"] + recs[2]["actor/frac_masked_high"] < 0.2
     assert sum(recs[1]["batch/staleness_counts"]) > 0
+    # The log-prob parity gate checked both workers as they joined (docs/fleet.md): each scores
+    # the probe set as the learner does (float32 on both sides), at the version it sampled with.
+    gaps = {k.split("/")[1]: v for k, v in recs[1].items()
+            if k.startswith("parity/") and k.endswith("/mean_gap")}
+    assert len(gaps) == 2 and all(0 <= g < 1e-4 for g in gaps.values()), gaps
+    for server in gaps:
+        assert recs[1][f"parity/{server}/passed"] == 1 and recs[1][f"parity/{server}/version"] == 0
+    assert recs[1]["parity/failures"] == 0 and recs[2]["fleet/quarantined"] == 0
     assert os.path.exists(os.path.join(workdir, "sft", "result.json"))
     for i in range(2):                                     # each worker logs its lifecycle
         text = open(os.path.join(workdir, "workers", f"worker{i}.log")).read()

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from sao.fleet import staleness
 from sao.rpc import auth
 from sao.types import MIN_ROLLOUT_LOGPROB
+
+if TYPE_CHECKING:
+    from sao.fleet.parity import ParityGate
 
 
 class FleetError(RuntimeError):
@@ -40,6 +44,9 @@ class DispatcherConfig:
       max_broken_workers: broken workers (engine gave up, loads kept failing;
         ``sao.fleet.link``) tolerated; one more and ``get_batch`` /
         ``push_weights`` / ``sample`` raise ``FleetError`` naming them.
+      parity: the log-prob parity gate (``sao.fleet.parity.ParityGate``):
+        every worker is checked as it joins and after each weight load, and
+        quarantined when it disagrees with the learner. None: no check.
       security: token / TLS (``sao.rpc.auth.Security``).
       max_length: longer trajectories are rejected (``too_long``); the learner's
         largest length bucket. None: unbounded (the learner may then fail to pad).
@@ -64,6 +71,7 @@ class DispatcherConfig:
     weights_timeout_s: float = 900.0
     max_weight_failures: int = 3
     max_broken_workers: int = 0
+    parity: ParityGate | None = None
     security: auth.Security = auth.Security()
     max_length: int | None = None
     max_abs_reward: float | None = 1e6

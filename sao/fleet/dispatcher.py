@@ -28,7 +28,9 @@ front of the queue for live workers (an answer it still sends first wins). A
 worker holding a lease older than ``lease_timeout_s`` (hung, or far too slow)
 is quarantined (``quarantine``: marked unhealthy for the rest of the run, its
 prompts issued again to the others); so is one that reports weights newer than
-the learner's (someone else pushed them). ``state_dict`` /
+the learner's (someone else pushed them), and, with a log-prob parity gate
+(``config.parity``, ``sao.fleet.parity``), one whose log-probs of a probe set
+differ from the learner's as it joins or after a weight push. ``state_dict`` /
 ``load_state_dict`` carry the buffer, the prompts to re-issue and the prompt
 source's position (when it has ``get_state`` / ``set_state``, as
 ``sao.data.prompts.PromptStream``: the rest of a GRPO group included) across a
@@ -56,13 +58,14 @@ from sao.fleet.health import Health
 from sao.fleet.leases import Lease, LeaseBook, requests_by_link
 from sao.fleet.link import WorkerLink
 from sao.fleet.metrics import FleetMetrics
+from sao.fleet.parity import ParityHooks
 from sao.fleet.roster import Roster
 from sao.fleet.sample_jobs import SampleJob, issue_jobs
 from sao.rpc import sao_pb2
 from sao.types import Trajectory
 
 
-class Dispatcher(Health):
+class Dispatcher(Health, ParityHooks):
     """Client of the rollout fleet; thread-safe; use as a context manager.
 
     Args:
@@ -182,7 +185,8 @@ class Dispatcher(Health):
         try:
             if links:
                 with concurrent.futures.ThreadPoolExecutor(len(links)) as pool:
-                    futures = {pool.submit(link.update_weights, int(version), str(uri)): link
+                    futures = {pool.submit(self._load_verified, link, int(version), str(uri)):
+                               link
                                for link in links}
                     for fut in concurrent.futures.as_completed(futures, timeout=timeout):
                         link, r = futures[fut], fut.result()
@@ -239,6 +243,8 @@ class Dispatcher(Health):
                                          learner_version=self._version)
             for address, link in self._links.items():
                 snap["workers"][address]["leases"] = self._book.held_by(link)
+            if self.config.parity is not None:  # per server: gaps of its latest check
+                snap["parity"] = self.config.parity.snapshot()
             return snap
 
     # -- checkpointing --------------------------------------------------------

@@ -19,7 +19,10 @@ stops, so a worker that refuses every push costs at most
 retried forever. A worker the owner cannot use yet
 (``link_usable`` returns a reason, e.g. it holds weights newer than the
 learner and nothing was published to bring it in line) is told to the owner
-and retried every ``reconnect_s``.
+and retried every ``reconnect_s``. Before it joins, a worker holding the
+learner's latest weights is verified by the owner (``link_verified``: the
+log-prob parity gate, ``sao.fleet.parity``); one without a verdict now is
+retried every ``reconnect_s``.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class LinkOwner(Protocol):
     def link_rejected(self, link: "WorkerLink", error: str) -> None: ...
     def link_broken(self, link: "WorkerLink", error: str) -> None: ...
     def link_usable(self, link: "WorkerLink", worker_version: int) -> str | None: ...
+    def link_verified(self, link: "WorkerLink", weights_version: int | None) -> bool: ...
 
 
 class WorkerLink:
@@ -138,6 +142,22 @@ class WorkerLink:
             return sao_pb2.UpdateWeightsResponse(ok=False, version=-1, error="link closed")
         self._weights_result(r)
         return r
+
+    def score(self, request: sao_pb2.ScoreRequest, timeout_s: float) -> sao_pb2.ScoreResponse:
+        """Blocking ``Score`` (the parity gate's probe, ``sao.fleet.parity``);
+        an rpc failure comes back as a not-ok value whose error starts with
+        the status code name (``"not connected"`` / ``"link closed"`` when
+        there is no session)."""
+        stub = self._stub
+        if stub is None:
+            return sao_pb2.ScoreResponse(ok=False, version=-1, error="not connected")
+        try:
+            return stub.Score(request, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as e:
+            return sao_pb2.ScoreResponse(ok=False, version=-1,
+                                         error=f"{e.code().name}: {e.details()}")
+        except ValueError:  # the session's channel closed during the call
+            return sao_pb2.ScoreResponse(ok=False, version=-1, error="link closed")
 
     def _weights_result(self, r: sao_pb2.UpdateWeightsResponse) -> None:
         """Counts failed loads in a row; at ``max_weight_failures`` the link is broken."""
@@ -239,6 +259,8 @@ class WorkerLink:
                 synced = self._sync_weights(stub, version)
                 if synced is not None:
                     version = synced
+                if not self._owner.link_verified(self, synced):  # e.g. the parity gate
+                    raise _Unusable(f"not verified at weights version {synced}")
                 if self._owner.link_joined(self, capacity, synced):
                     break
             if self._closed.is_set():

@@ -34,6 +34,7 @@ import uuid
 from typing import Any, Awaitable, Callable
 
 import grpc
+import numpy as np
 
 from sao.fleet.published import unpublished_error
 from sao.rollout.base import Engine
@@ -44,6 +45,7 @@ from sao.types import Trajectory
 EpisodeFn = Callable[..., Awaitable[Trajectory]]
 log = logging.getLogger(__name__)
 MAX_VERSION = 2**31 - 1  # tokens carry their policy version as int32
+MAX_SCORE_SEQUENCES, MAX_SCORE_TOKENS = 64, 65536  # most a Score request may ask for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,6 +265,30 @@ class RolloutServicer(sao_pb2_grpc.RolloutWorkerServicer):
             log.warning("load_weights(%s, %s) failed: %r", request.version, request.uri, e)
             return sao_pb2.UpdateWeightsResponse(ok=False, version=self.engine.version,
                                                  error=f"{type(e).__name__}: {e}")
+
+    async def Score(self, request, context):
+        """Log-probs of the request's sequences (``Engine.score``) and the
+        version that scored them; errors as values (an engine that cannot
+        score, bad sequences, a weight swap during both attempts)."""
+        try:
+            seqs = [codec.decode_array(a, np.dtype("<i4")).ravel().tolist()
+                    for a in request.sequences]
+            if not 0 < len(seqs) <= MAX_SCORE_SEQUENCES or \
+                    sum(map(len, seqs)) > MAX_SCORE_TOKENS:
+                raise ValueError(f"1..{MAX_SCORE_SEQUENCES} sequences of at most "
+                                 f"{MAX_SCORE_TOKENS} tokens in all, got {len(seqs)}")
+            for _ in range(2):  # a weight swap during the call makes the version ambiguous
+                version = self.engine.version
+                out = await self.engine.score(seqs)
+                if self.engine.version == version:
+                    return sao_pb2.ScoreResponse(ok=True, version=version, logprobs=[
+                        codec.encode_array(np.asarray(lp, np.float32), np.dtype("<f4"))
+                        for lp in out])
+            raise RuntimeError("the weights changed while scoring, twice")
+        except Exception as e:  # errors as values
+            log.warning("score failed: %r", e)
+            return sao_pb2.ScoreResponse(ok=False, version=self.engine.version,
+                                         error=f"{type(e).__name__}: {e}")
 
     async def Status(self, request, context):
         try:

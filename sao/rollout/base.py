@@ -111,6 +111,18 @@ def check_prompt(prompt_tokens: Sequence[int]) -> list[int]:
     return tokens
 
 
+def check_sequences(sequences: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Sequences to score (``Engine.score``) as lists of ints; raises
+    ValueError if there are none, or one has fewer than 2 ids or a negative id."""
+    seqs = [[int(t) for t in s] for s in sequences]
+    if not seqs:
+        raise ValueError("no sequences to score")
+    for s in seqs:
+        if len(s) < 2 or min(s) < 0:
+            raise ValueError(f"a scored sequence needs >= 2 ids, none negative; got {s[:8]}...")
+    return seqs
+
+
 class Engine(abc.ABC):
     """Abstract asynchronous rollout engine (one model, one weight version at a time)."""
 
@@ -138,6 +150,20 @@ class Engine(abc.ABC):
         Raises ValueError if ``version`` is lower than the current one or
         ``uri`` is not a string.
         """
+
+    async def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs of given token sequences under the served weights, at
+        temperature 1 (prompt / forced-decoding log-probs, nothing sampled).
+
+        ``out[i][t]`` is ``log p(sequences[i][t] | sequences[i][:t])`` in nats
+        for ``t >= 1`` and ``0.0`` for ``t = 0``: aligned as
+        ``sao.models.token_logprobs`` (docs/architecture.md), which the
+        learner compares them with (``sao.fleet.parity``). Raises
+        NotImplementedError for engines that cannot score (this default),
+        ValueError on bad input (an empty or too long sequence, an id outside
+        the vocabulary), EngineError when the backend fails.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot score token sequences")
 
     @abc.abstractmethod
     async def health(self) -> bool:

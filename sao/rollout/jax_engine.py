@@ -41,7 +41,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from sao.models import decode_step, init_cache, prefill, sample_tokens, write_cache_row
-from sao.rollout.base import Completion, Engine, EngineError, SamplingParams, check_prompt
+from sao.rollout.base import (Completion, Engine, EngineError, SamplingParams, check_prompt,
+                              check_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,27 @@ def _admit(graphdef, params, tokens, length, cache, row, rng, temperature, top_p
     cache = write_cache_row(cache, row, row_cache)
     token, logprob = sample_tokens(rng, logits, temperature, top_p, top_k, truncate=truncate)
     return token, logprob, cache
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _forced_logprobs(graphdef, params, tokens, cache):
+    """Log-probs of tokens i32[B, T] by forced decoding on the serving path:
+    prefill of token 0, then one decode step per later token, each fed the
+    true token. -> f32[B, T] at temperature 1, column 0 is 0 (as
+    ``token_logprobs``); entries past a row's end are meaningless."""
+    model = nnx.merge(graphdef, params)
+    b, t = tokens.shape
+    logits, cache = prefill(model, tokens[:, :1], jnp.ones((b,), jnp.int32), cache)
+
+    def body(carry, pos):
+        logits, cache = carry
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        picked = jnp.take_along_axis(logp, tokens[:, pos][:, None], -1)[:, 0]
+        logits, cache = decode_step(model, tokens[:, pos], jnp.full((b,), pos, jnp.int32), cache)
+        return (logits, cache), picked
+
+    _, lps = jax.lax.scan(body, (logits, cache), jnp.arange(1, t))
+    return jnp.concatenate([jnp.zeros((b, 1), jnp.float32), lps.T], axis=1)
 
 
 @dataclasses.dataclass(eq=False)
@@ -141,6 +163,7 @@ class JaxEngine(Engine):
         if jax.tree.leaves(self._rest):
             raise ValueError("JaxEngine serves models whose state is only nnx.Param")
         self._version = int(version)
+        self._cache_dtype = cache_dtype
         self._cache = init_cache(self.cfg, self.max_slots, self.max_len, cache_dtype)
         self._rng = jax.random.key(seed)
         self._slots: list[_Request | None] = [None] * self.max_slots
@@ -221,6 +244,35 @@ class JaxEngine(Engine):
         self._pending = (int(version), params, done)
         self._kick()
         await done
+
+    async def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Log-probs of ``sequences`` under the served weights (``Engine.score``)
+        by forced decoding through this engine's own prefill and decode steps
+        (KV cache in its cache dtype): what its rollouts would report for
+        those tokens at temperature 1. Runs on the device thread between
+        decode chunks. Raises ValueError for a sequence longer than
+        ``max_len`` or an id outside the vocabulary, EngineError after a
+        device failure."""
+        seqs = check_sequences(sequences)
+        longest = max(map(len, seqs))
+        if longest > self.max_len:
+            raise ValueError(f"a sequence of {longest} tokens does not fit max_len={self.max_len}")
+        if max(max(s) for s in seqs) >= self.cfg.vocab_size:
+            raise ValueError(f"a token id >= vocab_size {self.cfg.vocab_size}")
+        if self._failed is not None:
+            raise EngineError(f"engine failed earlier: {self._failed!r}")
+        bucket = min(self.max_len, max(16, 1 << (longest - 1).bit_length()))
+        tokens = np.zeros((len(seqs), bucket), np.int32)
+        for i, s in enumerate(seqs):
+            tokens[i, :len(s)] = s
+        params = self._params  # read on the loop thread, where swaps happen
+
+        def run():
+            cache = init_cache(self.cfg, len(seqs), bucket, self._cache_dtype)
+            return np.asarray(_forced_logprobs(self._graphdef, params, jnp.asarray(tokens), cache))
+
+        out = await asyncio.get_running_loop().run_in_executor(self._worker, run)
+        return [out[i, :len(s)].tolist() for i, s in enumerate(seqs)]
 
     async def health(self) -> bool:
         return self._failed is None

@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import random
 from typing import Any, Sequence
 
 import aiohttp
 
-from sao.rollout.base import Completion, Engine, EngineError, SamplingParams, check_prompt
+from sao.rollout.base import (Completion, Engine, EngineError, SamplingParams, check_prompt,
+                              check_sequences)
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +192,30 @@ class SGLangEngine(Engine):
                 self._inflight -= 1
                 self._idle.notify_all()
 
+    async def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Prompt log-probs of ``sequences`` (``Engine.score``): one
+        ``/generate`` per sequence with ``return_logprob``,
+        ``logprob_start_len=0``, temperature 1 and one new token;
+        ``meta_info.input_token_logprobs`` (``[[logprob, id, text], ...]``,
+        the first logprob null) gives the answer. Waits for a restart-reload
+        like ``generate``. Raises EngineError on a malformed answer (ids that
+        are not the sequence's, a missing or non-finite log-prob)."""
+        seqs = check_sequences(sequences)
+        self._check_usable()
+        self._bind_loop()
+        await self._open.wait()
+        self._check_usable()
+        self._inflight += 1
+        try:
+            outs = await asyncio.gather(*(self._post("/generate", {
+                "input_ids": seq, "return_logprob": True, "logprob_start_len": 0,
+                "sampling_params": {"temperature": 1.0, "max_new_tokens": 1}}) for seq in seqs))
+        finally:
+            async with self._idle:
+                self._inflight -= 1
+                self._idle.notify_all()
+        return [_parse_input_logprobs(out, seq) for out, seq in zip(outs, seqs)]
+
     async def load_weights(self, version: int, uri: str) -> None:
         """Serves the HF directory ``uri`` as learner ``version``.
 
@@ -318,3 +344,22 @@ def _parse_completion(out: dict[str, Any], version: int) -> Completion:
         version = int(served)
     return Completion(tokens=ids, logprobs=[float(e[0]) for e in entries],
                       versions=[version] * len(ids), finish_reason=finish)
+
+
+def _parse_input_logprobs(out: dict[str, Any], seq: list[int]) -> list[float]:
+    """``meta_info.input_token_logprobs`` of a ``/generate`` answer for the
+    input ``seq`` -> ``[0.0, lp_1, ..., lp_{n-1}]``; raises EngineError if it
+    does not cover ``seq`` id for id or a log-prob is missing or not finite."""
+    try:
+        entries = out["meta_info"]["input_token_logprobs"]
+        ids = [int(e[1]) for e in entries]
+        lps = [None if e[0] is None else float(e[0]) for e in entries]
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise EngineError(f"malformed input_token_logprobs: {str(out)[:300]}") from e
+    if ids != seq:
+        raise EngineError(f"input_token_logprobs cover ids {ids[:8]}..., not the "
+                          f"scored sequence {seq[:8]}...")
+    rest = lps[1:]
+    if any(v is None or not math.isfinite(v) for v in rest):
+        raise EngineError("input_token_logprobs has a missing or non-finite log-prob")
+    return [0.0, *rest]

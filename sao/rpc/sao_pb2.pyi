@@ -138,3 +138,21 @@ class StatusResponse(_message.Message):
     unusable: str
     refused_updates: int
     def __init__(self, worker_id: _Optional[str] = ..., version: _Optional[int] = ..., active_episodes: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., completed: _Optional[int] = ..., failed: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., uptime_s: _Optional[float] = ..., healthy: _Optional[bool] = ..., unusable: _Optional[str] = ..., refused_updates: _Optional[int] = ...) -> None: ...
+
+class ScoreRequest(_message.Message):
+    __slots__ = ("sequences",)
+    SEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    sequences: _containers.RepeatedCompositeFieldContainer[Array]
+    def __init__(self, sequences: _Optional[_Iterable[_Union[Array, _Mapping]]] = ...) -> None: ...
+
+class ScoreResponse(_message.Message):
+    __slots__ = ("ok", "version", "logprobs", "error")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    version: int
+    logprobs: _containers.RepeatedCompositeFieldContainer[Array]
+    error: str
+    def __init__(self, ok: _Optional[bool] = ..., version: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[Array, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -49,6 +49,11 @@ class RolloutWorkerStub:
                 request_serializer=sao_dot_rpc_dot_sao__pb2.StatusRequest.SerializeToString,
                 response_deserializer=sao_dot_rpc_dot_sao__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/sao.rpc.RolloutWorker/Score',
+                request_serializer=sao_dot_rpc_dot_sao__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=sao_dot_rpc_dot_sao__pb2.ScoreResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutWorkerServicer:
@@ -77,6 +82,14 @@ class RolloutWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Score(self, request, context):
+        """Log-probs of given token sequences under the weights served now, at
+        temperature 1 (the learner's log-prob parity gate, sao/fleet/parity.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutWorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +107,11 @@ def add_RolloutWorkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=sao_dot_rpc_dot_sao__pb2.StatusRequest.FromString,
                     response_serializer=sao_dot_rpc_dot_sao__pb2.StatusResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=sao_dot_rpc_dot_sao__pb2.ScoreRequest.FromString,
+                    response_serializer=sao_dot_rpc_dot_sao__pb2.ScoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +195,33 @@ class RolloutWorker:
             '/sao.rpc.RolloutWorker/Status',
             sao_dot_rpc_dot_sao__pb2.StatusRequest.SerializeToString,
             sao_dot_rpc_dot_sao__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sao.rpc.RolloutWorker/Score',
+            sao_dot_rpc_dot_sao__pb2.ScoreRequest.SerializeToString,
+            sao_dot_rpc_dot_sao__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

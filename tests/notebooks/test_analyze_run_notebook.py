@@ -26,3 +26,5 @@ def test_notebook_runs_on_a_tiny_run(monkeypatch):
     steps = json.load(open(os.path.join(workdir, "summary.json")))["steps"]  # 2, or 3 once resumed
     assert f"{steps} learner steps" in text and "saved" in text
     assert os.path.getsize(os.path.join(workdir, "analysis.png")) > 10_000
+    assert "versions checked" in text and ", passed" in text     # the parity gate's servers
+    assert os.path.getsize(os.path.join(workdir, "parity.png")) > 10_000

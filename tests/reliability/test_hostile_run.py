@@ -49,7 +49,9 @@ def test_a_run_with_a_hostile_and_a_hung_worker_completes_and_counts_each_drop(t
         addresses = ",".join(address for _, address in procs)
         run = run_main(workdir, 3, "--role=learner", f"--config.rollout.worker_addresses={addresses}",
                        "--config.rollout.tau=0", "--config.eval.every=0",  # before/after only
-                       f"--config.rollout.lease_timeout_s={LEASE_TIMEOUT_S}")
+                       f"--config.rollout.lease_timeout_s={LEASE_TIMEOUT_S}",
+                       # simulated engines cannot score the parity gate's probe (docs/fleet.md)
+                       "--config.rollout.parity.enabled=False")
     finally:
         for proc, _ in procs:
             proc.terminate()

@@ -51,13 +51,16 @@ def test_real_sglang_logprobs_match_and_update_weights_from_disk(tmp_path):
         first = list(await asyncio.gather(*(engine.generate(p, sp) for p, sp in cases[:3])))
         for p, sp in cases[3:]:
             first.append(await engine.generate(p, sp))
+        scores.append(await engine.score(prompts[1:]))  # prompts cached by now
         t0 = time.perf_counter()
         await engine.load_weights(2, uris[1])  # a publish uri: its hf/ is loaded
         timings["update_weights_from_disk_s"] = time.perf_counter() - t0
         second = await engine.generate(prompts[1], SamplingParams(max_new_tokens=12))
+        scores.append(await engine.score(prompts[1:]))
         await engine.close()
         return first, second
 
+    scores = []  # Engine.score (the parity gate's probe) before and after the update
     t0 = time.perf_counter()
     try:
         server.start()
@@ -81,6 +84,13 @@ def test_real_sglang_logprobs_match_and_update_weights_from_disk(tmp_path):
     old = recomputed(models[0], prompts[1], second.tokens, 1.0)
     gap = float(np.abs(np.asarray(second.logprobs) - ours).max())
     assert gap <= 1e-4 and float(np.abs(np.asarray(second.logprobs) - old).max()) > 1e-2
+    score_gaps = []
+    for model, scored in zip(models, scores):  # prompt log-probs: the learner's, per version
+        for p, got in zip(prompts[1:], scored):
+            assert got[0] == 0.0 and len(got) == len(p)
+            score_gaps.append(float(np.abs(np.asarray(got[1:]) -
+                                           recomputed(model, p[:1], p[1:], 1.0)).max()))
+    assert max(score_gaps) <= 1e-4, score_gaps
     print(f"\nreal SGLang CPU: start {timings['start_s']:.1f} s, max |logp gap| "
           f"{max(errors):.2e} (v1) {gap:.2e} (v2), /update_weights_from_disk "
           f"{timings['update_weights_from_disk_s']:.3f} s")

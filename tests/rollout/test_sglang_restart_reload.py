@@ -54,6 +54,7 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
              (prompts[3], SamplingParams(temperature=0.7, max_new_tokens=12))]
     prompt, sampling = prompts[1], SamplingParams(max_new_tokens=12)
     timings = {}
+    scores = []  # Engine.score (the parity gate's probe) before and after the reload
 
     async def main(engine):
         assert await engine.health()
@@ -61,6 +62,7 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
         # log-probs at a batch-mate's temperature (docs/rollout.md, quirks).
         first = list(await asyncio.gather(*(engine.generate(p, sp) for p, sp in cases[:3])))
         first.append(await engine.generate(*cases[3]))
+        scores.append(await engine.score(prompts[1:]))  # prompts[1] is cached by now
         attached = SGLangEngine(server.base_url, version=1, max_retries=0)
         with pytest.raises(EngineError, match="HTTP 404"):  # no such endpoint here
             await attached.load_weights(2, uris[1])
@@ -69,6 +71,7 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
         await engine.load_weights(2, uris[1])
         timings["restart_reload_s"] = time.perf_counter() - t0
         second = await engine.generate(prompt, sampling)
+        scores.append(await engine.score(prompts[1:]))
         t0 = time.perf_counter()
         with pytest.raises(EngineError, match="restarting the server"):
             await engine.load_weights(3, str(broken))
@@ -106,6 +109,10 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
     gaps.append(float(np.abs(np.asarray(second.logprobs) -
                              recomputed(models[1], prompt, second.tokens, 1.0)).max()))
     assert max(gaps) <= 1e-4, f"max |server - ours| per request: {gaps}"
+    for model, scored in zip(models, scores):  # prompt log-probs: the learner's, per version
+        for p, got in zip(prompts[1:], scored):
+            assert got[0] == 0.0 and len(got) == len(p)
+            np.testing.assert_allclose(got[1:], recomputed(model, p[:1], p[1:], 1.0), atol=1e-4)
     stale = recomputed(models[0], prompt, second.tokens, 1.0)
     assert float(np.abs(np.asarray(second.logprobs) - stale).max()) > 1e-2
     print(f"\nsglang-jax CPU: start {timings['start_s']:.1f} s, restart reload "
