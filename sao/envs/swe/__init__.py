@@ -3,7 +3,7 @@
 Public API (docs/envs.md, "Repository tasks"):
 
 Tasks
-  ``build_tier(tier, *, seed=0, per_repo=4, cache=None, download=True)``
+  ``build_tier(tier, *, seed=0, per_repo=None, cache=None, download=True)``
       -> list of task entries (dicts); ``tier`` is ``"micro"`` (tiny packages
       committed in sao/envs/swe/micro/) or ``"source"`` (pinned PyPI sdists,
       ``SOURCES``); validated and cached by content hash.

@@ -19,9 +19,8 @@ def main(argv=None) -> None:
     parser.add_argument("--verbose", action="store_true", help="print every candidate bug")
     args = parser.parse_args(argv)
     for tier in TIERS if args.tier == "all" else (args.tier,):
-        per_repo = args.per_repo or {"micro": 4, "source": 5}[tier]
         start = time.monotonic()
-        entries = build_tier(tier, seed=args.seed, per_repo=per_repo,
+        entries = build_tier(tier, seed=args.seed, per_repo=args.per_repo,
                              progress=print if args.verbose else None)
         by_repo = collections.Counter(e["repo"] for e in entries)
         print(f"{tier}: {len(entries)} tasks in {time.monotonic() - start:.0f} s "

@@ -35,6 +35,9 @@ from sao.envs.swe.testrun import TestSpec, grade_files, run_tests
 
 BUILD_VERSION = 4
 TIERS = ("micro", "source")
+# Tasks per base repository unless asked otherwise: 6 x 4 = 24 micro tasks,
+# 5 x 5 = 25 source tasks (one cache entry serves every default caller).
+DEFAULT_PER_REPO = {"micro": 4, "source": 5}
 log = logging.getLogger(__name__)
 
 
@@ -151,12 +154,14 @@ def cache_key(bases: Iterable[BaseRepo], *, seed: int, per_repo: int) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def build_tier(tier: str, *, seed: int = 0, per_repo: int = 4, cache: pathlib.Path | None = None,
+def build_tier(tier: str, *, seed: int = 0, per_repo: int | None = None,
+               cache: pathlib.Path | None = None,
                download: bool = True, use_cache: bool = True,
                repos: Iterable[str] | None = None,
                progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """All validated task entries of ``tier``, ``per_repo`` per base
-    repository at most, read from the cache when built before; ``repos``
+    repository at most (default ``DEFAULT_PER_REPO[tier]``), read from the
+    cache when built before; ``repos``
     restricts the build to those base repositories (their entries equal the
     full tier's entries of the same repositories).
 
@@ -165,13 +170,15 @@ def build_tier(tier: str, *, seed: int = 0, per_repo: int = 4, cache: pathlib.Pa
     """
     from sao.envs.swe.sources import cache_root
     bases = tier_bases(tier, download=download)
+    per_repo = DEFAULT_PER_REPO[tier] if per_repo is None else per_repo
     if repos is not None:
         wanted = set(repos)
         unknown = wanted - {b.name for b in bases}
         if unknown:
             raise ValueError(f"unknown {tier} repositories {sorted(unknown)}")
         bases = [b for b in bases if b.name in wanted]
-    path = (cache or cache_root()) / "tasks" / f"{tier}-{cache_key(bases, seed=seed, per_repo=per_repo)}.json"
+    key = cache_key(bases, seed=seed, per_repo=per_repo)
+    path = (cache or cache_root()) / "tasks" / f"{tier}-{key}.json"
     if use_cache and path.exists():
         return json.loads(path.read_text())
     start = time.monotonic()

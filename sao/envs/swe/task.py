@@ -64,14 +64,14 @@ class SweTask(Task):
         return float(grade_patch(entry, answer)["correct"])
 
 
-def make_swe_task(spec: str, *, seed: int = 0, per_repo: int = 4, split: str = "all",
+def make_swe_task(spec: str, *, seed: int = 0, per_repo: int | None = None, split: str = "all",
                   heldout_fraction: float = 0.25, path: str | None = None,
                   checkouts: str | None = None, download: bool = True) -> SweTask:
     """Builds ``swe/micro`` or ``swe/source`` (``build_tier``: ``seed``,
-    ``per_repo`` tasks per base repository, ``split`` ``"all"``, ``"train"``
-    or ``"heldout"`` by ``split_entries``) or ``swe/bench`` (SWE-bench
-    instances from the JSON / JSONL file ``path``, checkouts under
-    ``checkouts``). Raises ValueError on an unknown spec or split."""
+    ``per_repo`` tasks per base repository (default: micro 4, source 5),
+    ``split`` ``"all"``, ``"train"`` or ``"heldout"`` by ``split_entries``)
+    or ``swe/bench`` (SWE-bench instances from the JSON / JSONL file
+    ``path``, checkouts under ``checkouts``). Raises ValueError on an unknown spec or split."""
     from sao.envs.swe.build import build_tier, split_entries
     if split not in ("all", "train", "heldout"):
         raise ValueError(f"split must be 'all', 'train' or 'heldout', got {split!r}")
