@@ -233,22 +233,41 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
 
     def make_data():
         if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
-            from sao.envs.swe import swe_demonstrations
-            train, _ = split_prompts(cfg, components.make_tasks(cfg))
-            demos = swe_demonstrations([r["entry"] for r in train if r["task"] == s.task],
-                                       fmt=cfg.env.tool_format, task_name=s.task)[:s.num_demos]
+            demos = swe_demos(cfg, log)
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
                 task_kwargs=conf.to_dict() if conf is not None else {})
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
-    log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "
-        f"({100 * s.tool_fraction:.0f}% call the tool)")
+    log(f"SFT warm start: {s.steps} steps on " + (f"the scripted fixes of {s.task}" if
+        s.task.startswith("swe/") else f"{s.num_demos} demonstrations "
+        f"({100 * s.tool_fraction:.0f}% call the tool)"))
     res = sft.cached_sft(policy, workdir, make_data, steps=s.steps, batch_size=s.batch_size,
                          lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed,
                          log=lambda step, m: writer.write(step, m, phase="sft"))
     log(f"SFT {'loaded from cache' if res['sft/cached'] else 'done'}: loss {res['sft/loss']:.3f}")
+
+
+def swe_demos(cfg, log: Callable[[str], None]) -> list:
+    """Scripted fixes (``sao.envs.swe.demos.demonstration``) of the training split's
+    ``sft.task`` entries, at most ``sft.num_demos``; an entry whose scripted episode
+    fails (not a one-line bug, a command timed out on a loaded machine) is skipped
+    and logged. Raises ValueError if none succeeds."""
+    from sao.envs.swe.demos import demonstration
+    s = cfg.sft
+    train, _ = split_prompts(cfg, components.make_tasks(cfg))
+    demos = []
+    for r in train:
+        if r["task"] != s.task or len(demos) >= s.num_demos:
+            continue
+        try:
+            demos.append(demonstration(r["entry"], fmt=cfg.env.tool_format, task_name=s.task))
+        except ValueError as e:
+            log(f"SFT: no demonstration of {r['prompt_id']}: {str(e)[:200]}")
+    if not demos:
+        raise ValueError(f"no demonstration of {s.task} succeeded")
+    return demos
 
 
 def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[dict], writer,
