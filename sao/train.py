@@ -233,7 +233,10 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
 
     def make_data():
         if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
-            demos = swe_demos(cfg, log)
+            from sao.data.swe_demos import swe_sft_demos
+            train, _ = split_prompts(cfg, components.make_tasks(cfg))
+            demos = swe_sft_demos(train, task=s.task, fmt=cfg.env.tool_format,
+                                  limit=s.num_demos, log=log)
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
@@ -247,27 +250,6 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
                          lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed,
                          log=lambda step, m: writer.write(step, m, phase="sft"))
     log(f"SFT {'loaded from cache' if res['sft/cached'] else 'done'}: loss {res['sft/loss']:.3f}")
-
-
-def swe_demos(cfg, log: Callable[[str], None]) -> list:
-    """Scripted fixes (``sao.envs.swe.demos.demonstration``) of the training split's
-    ``sft.task`` entries, at most ``sft.num_demos``; an entry whose scripted episode
-    fails (not a one-line bug, a command timed out on a loaded machine) is skipped
-    and logged. Raises ValueError if none succeeds."""
-    from sao.envs.swe.demos import demonstration
-    s = cfg.sft
-    train, _ = split_prompts(cfg, components.make_tasks(cfg))
-    demos = []
-    for r in train:
-        if r["task"] != s.task or len(demos) >= s.num_demos:
-            continue
-        try:
-            demos.append(demonstration(r["entry"], fmt=cfg.env.tool_format, task_name=s.task))
-        except ValueError as e:
-            log(f"SFT: no demonstration of {r['prompt_id']}: {str(e)[:200]}")
-    if not demos:
-        raise ValueError(f"no demonstration of {s.task} succeeded")
-    return demos
 
 
 def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[dict], writer,
