@@ -62,6 +62,7 @@ def cpu(c):
     c.eval.num_prompts = 6
     c.eval.every = 10
     c.run.steps = 30
+    c.run.batch_timeout_s = 1800.0           # harness episodes are slow on a loaded 2-core machine
     return c
 
 
@@ -91,6 +92,7 @@ def smollm2_cpu(c):
     c.sft.steps = 0
     c.eval.num_prompts = 2
     c.run.steps = 2
+    c.run.batch_timeout_s = 1800.0           # first episodes import litellm and compile SmolLM2
     return c
 
 

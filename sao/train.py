@@ -250,18 +250,19 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
 
     def make_data():
         if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
-            from sao.envs.swe import swe_demonstrations
+            from sao.data.swe_demos import swe_sft_demos
             train, _ = split_prompts(cfg, components.make_tasks(cfg))
-            demos = swe_demonstrations([r["entry"] for r in train if r["task"] == s.task],
-                                       fmt=cfg.env.tool_format, task_name=s.task)[:s.num_demos]
+            demos = swe_sft_demos(train, task=s.task, fmt=cfg.env.tool_format,
+                                  limit=s.num_demos, log=log)
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
                 task_kwargs=conf.to_dict() if conf is not None else {})
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
-    log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "
-        f"({100 * s.tool_fraction:.0f}% call the tool)")
+    log(f"SFT warm start: {s.steps} steps on " + (f"the scripted fixes of {s.task}" if
+        s.task.startswith("swe/") else f"{s.num_demos} demonstrations "
+        f"({100 * s.tool_fraction:.0f}% call the tool)"))
     res = sft.cached_sft(policy, workdir, make_data, steps=s.steps, batch_size=s.batch_size,
                          lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed,
                          log=lambda step, m: writer.write(step, m, phase="sft"))

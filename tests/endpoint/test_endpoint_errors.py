@@ -219,3 +219,15 @@ def test_harness_timeout_and_failure_end_the_episode_cleanly(tok):
     assert counters["harness_timeouts"] == 1 and counters["harness_errors"] == 1
     assert still_open == 0
     assert all(np.all(t.rollout_logprobs[~t.action_mask] == 0) for t in out.values())
+
+
+def test_engine_failure_is_an_error_object_and_ends_only_that_session(tok):
+    async def bad(f):
+        s, client = f.session()
+        engine, f.endpoint.engine = f.engine, None
+        s.engine = ScriptedEngine([])              # exhausted: raises EngineError
+        with pytest.raises(EndpointError) as e:
+            await client.complete([SYSTEM, USER], [BASH])
+        f.endpoint.engine = engine
+        assert (e.value.status, e.value.code) == (500, "engine_error") and s.ended == "engine_error"
+    asyncio.run(with_endpoint(tok, lambda f: bystander_survives(f, bad)))

@@ -30,7 +30,7 @@ from sao.fleet.endpoint.dialect import dialect_for
 from sao.fleet.endpoint.messages import RequestError, parse_request
 from sao.fleet.endpoint.session import Session
 from sao.fleet.endpoint.transcripts import Recorder
-from sao.rollout.base import Engine, SamplingParams
+from sao.rollout.base import Engine, EngineError, SamplingParams
 from sao.rpc import auth, credentials
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,9 @@ class Endpoint:
                 raise RequestError(400, "invalid_json", f"the body is not JSON: {e}")
             try:
                 result = await session.complete(parse_request(body))
+            except EngineError as e:   # the engine failed (closed, server down): the episode is lost
+                session.abandon("engine_error")
+                raise RequestError(500, "engine_error", f"the engine failed: {e}") from e
             except RequestError as e:
                 if self.recorder:
                     self.recorder.record(session.id, body, e.body())
