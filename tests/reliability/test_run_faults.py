@@ -8,14 +8,13 @@ One scenario, checked by the tests below (slow: two learner lives, ~5 min):
 2. worker 0 is SIGKILLed; ``--role=all`` must restart it on its port and the
    dispatcher must use it again;
 3. worker 1 is held back on purpose (SIGSTOP; it runs only to take each
-   weight push and to answer keepalives). It holds at most 3 leases, fewer
-   than a group, so each group it holds a member of has members that reach
-   the learner and cannot complete: a checkpoint holding groups in pieces
-   follows, by construction rather than by chance (without the hold the
-   fleet runs in lockstep and few checkpoints hold one; a fresh clone's run
-   had none). The learner is frozen (SIGSTOP) as soon as its latest
-   checkpoint holds one, then SIGKILLed, so no later checkpoint can slip in;
-   its workers must exit with it;
+   weight push and to answer keepalives), so the groups with a member leased
+   to it cannot complete while their other members reach the learner (without
+   the hold the fleet runs in lockstep and few checkpoints hold groups in
+   pieces; a fresh clone's run had none). Not strictly deterministic: the
+   worker's episodes advance while it takes a push. The learner is frozen
+   (SIGSTOP) as soon as its latest checkpoint holds one, then SIGKILLed, so
+   no later checkpoint can slip in; its workers must exit with it;
 4. the same command resumes from that checkpoint and finishes the run.
 """
 import json
@@ -40,9 +39,7 @@ STEPS, B, G = 30, 8, 4      # enough steps that the run outlives a worker restar
 ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--config.learner.batch_size={B}",
         f"--config.rollout.group_size={G}", "--config.eval.num_prompts=8", "--config.eval.every=0",
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
-        # 3 leases per worker (< G): no worker holds a whole group, so a held-back worker's
-        # groups all have members elsewhere (step 3 below).
-        "--config.rollout.max_concurrency=3", "--config.rollout.engine_slots=3",
+        "--config.rollout.max_concurrency=12", "--config.rollout.engine_slots=12",  # 3 groups in flight: batches of 8 cut groups
         "--config.checkpoint.every=1", "--config.checkpoint.keep=40", "--config.run.progress=False",
         f"--config.run.steps={STEPS}"]
 ORPHAN_BOUND_S = 30.0
