@@ -297,14 +297,17 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
         # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
         # "prompts" is where checkpoints written before kept the position alone.
         stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
-                                              state=data_state.get("prompts")), cfg.rollout.group_size)
+                                              state=data_state.get("prompts")), cfg.rollout.group_size,
+                              records=train_records)    # a dropped GRPO group is issued again
         source = dispatcher = Dispatcher(addresses, stream, components.dispatcher_config(
             cfg, learner, tokenizer, security, initial_version=states.policy_version))
         if data_state.get("dispatcher"):
             dispatcher.load_state_dict(data_state["dispatcher"])
         group_size = cfg.rollout.group_size
-        groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch
-            dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
+        groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch,
+            dispatcher.get_batch, group_size=group_size,             # each within tau at batch time
+            batch_size=cfg.learner.batch_size, version=lambda: dispatcher.learner_version,
+            tau=cfg.rollout.tau, resample=stream.resample)
         if groups is not None and data_state.get("groups"):
             groups.load_state_dict(data_state["groups"])
     next_batch = groups
