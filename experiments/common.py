@@ -79,7 +79,7 @@ def base() -> ml_collections.ConfigDict:
     r.engine_slots = 64                   # JaxEngine decode slots (continuous batching)
     r.max_len = 32768                     # longest trajectory (tokens), prompt included
     r.temperature = 1.0                   # sampling temperature; the learner uses logits / T too
-    r.top_p = 1.0                         # nucleus sampling (1 = off: log-probs stay unbiased)
+    r.top_p = 1.0                         # nucleus sampling (1 = off); the JAX engine reports truncated log-probs
     r.top_k = 0                           # top-k sampling (0 = off)
     r.max_new_tokens = 8192               # tokens per engine turn
     r.max_turns = 16                      # policy turns per episode

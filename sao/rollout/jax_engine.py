@@ -18,8 +18,9 @@ every token records the version that sampled it, so versions are
 non-decreasing along each completion (docs/algorithm.md §6).
 
 Log-probs are those of ``sao.models.sample_tokens``: the chosen token under
-``log_softmax(logits / temperature)`` before top-p/top-k truncation, which is
-what ``token_logprobs(model, tokens, temperature=T)`` recomputes.
+the distribution it was drawn from (``log_softmax(logits / temperature)``
+after top-p/top-k truncation); without truncation that is what
+``token_logprobs(model, tokens, temperature=T)`` recomputes.
 
 The jitted work runs in one worker thread so the asyncio loop (agent loops,
 RPC) stays responsive while the device computes.
