@@ -158,6 +158,7 @@ def base() -> ml_collections.ConfigDict:
     v.every = 50                          # learner steps between held-out evaluations (0 = only before/after)
     v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
     v.temperature = 1.0                   # sampling temperature of evaluation
+    v.align_actor_updates = False         # count `every` in actor updates (skip the critic warm-up)
     v.where = "auto"                      # "learner" (in-process JaxEngine) | "fleet" (eval leases on the
                                           # workers, never trained on) | "auto" (fleet for SGLang engines)
 

@@ -43,7 +43,11 @@ class LoopConfig:
     Attributes:
       steps: total learner steps; ``push_every``: publish + push every N actor
       updates; ``eval_every`` / ``checkpoint_every``: in learner steps (0 =
-      never); ``batch_timeout_s``: give up when the fleet stalls this long.
+      never); ``eval_offset``: learner steps before evaluations start counting
+      (the critic warm-up, so that arms evaluate at equal actor updates:
+      evaluation after step ``s`` when ``s - eval_offset`` is a positive
+      multiple of ``eval_every``); ``batch_timeout_s``: give up when the fleet
+      stalls this long.
     """
 
     steps: int
@@ -51,6 +55,7 @@ class LoopConfig:
     eval_every: int = 0
     checkpoint_every: int = 0
     batch_timeout_s: float | None = None
+    eval_offset: int = 0
 
 
 def _no_metrics(*args) -> dict:
@@ -335,7 +340,8 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
             snap = source.snapshot()
         metrics.update({f"fleet/{k}": v for k, v in _scalars(snap).items()})
         metrics.update({f"fleet/drops/{k}": v for k, v in _scalars(snap.get("drops", {})).items()})
-        if loop.eval_every and (step + 1) % loop.eval_every == 0 and step + 1 < loop.steps:
+        since = step + 1 - loop.eval_offset
+        if loop.eval_every and since > 0 and since % loop.eval_every == 0 and step + 1 < loop.steps:
             with lap.part("eval"):
                 metrics.update(hooks.evaluate(states, step + 1))
         checkpoint_due = loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0

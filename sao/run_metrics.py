@@ -184,6 +184,36 @@ def staleness_histogram(workdir: str) -> np.ndarray:
     return total
 
 
+def budget(workdir: str, *, batch_size: int, steps: int, policy_version: int,
+           fleet: Mapping[str, Any]) -> dict[str, int]:
+    """What a run spent, in trajectories, cumulative over resumes (``summary.json``'s
+    ``budget``; docs/learner.md, "Budget").
+
+    ``actor_updates`` (= the policy version), ``actor_trajectories`` (rows of the steps
+    that updated the actor), ``critic_only_trajectories`` (rows of critic warm-up steps),
+    ``trained`` (all rows of the ``steps`` learner steps of ``batch_size``),
+    ``pretraining`` (value-pretraining samples, from the run's ``value_pretrain`` record),
+    ``dropped`` (``fleet["dropped"]``, the dispatcher's, plus ``dropped_groups_rows``:
+    GRPO rows dropped with their group, from the last RL record's ``groups/...``) and
+    ``generated`` (every trajectory sampled for training that came back: trained +
+    dropped + pretraining).
+    """
+    rows, actor = steps * batch_size, int(policy_version) * batch_size
+    pre, groups = 0, {}
+    if storage.exists(storage.join(workdir, METRICS_FILE)):
+        for r in read_metrics(workdir):
+            if r.get("phase") == "value_pretrain" and "value_pretrain/trajectories" in r:
+                pre = int(r["value_pretrain/trajectories"])
+            if r.get("phase", "rl") == "rl" and "groups/dropped_rows" in r:
+                groups = r
+    group_rows = int(groups.get("groups/dropped_rows", 0)) + int(groups.get("groups/late_rows", 0))
+    dropped = int(fleet.get("dropped", 0)) + group_rows
+    return {"actor_updates": int(policy_version), "actor_trajectories": actor,
+            "critic_only_trajectories": rows - actor, "trained": rows, "pretraining": pre,
+            "dropped": dropped, "dropped_groups_rows": group_rows,
+            "generated": rows + dropped + pre}
+
+
 def write_json(path: str, obj: Any) -> None:
     """Writes ``obj`` as JSON to ``path`` (local or ``gs://``) atomically
     (``sao.storage.write_text``).

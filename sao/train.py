@@ -192,7 +192,10 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
                "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
-               "eval_prompts": len(heldout), "policy_version": states.policy_version}
+               "eval_prompts": len(heldout), "policy_version": states.policy_version,
+               "budget": run_metrics.budget(workdir, batch_size=cfg.learner.batch_size,
+                                            steps=steps_done, policy_version=states.policy_version,
+                                            fleet=fleet)}
     if cfg.env.drift_schedule:                              # online env: adaptation per switch
         summary["drift"] = drift_adaptation(cfg, workdir)
         log(f"drift: adaptation lag per switch {summary['drift']['adaptation_lag']} "
@@ -207,6 +210,11 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     console.print(run_metrics.summary_table(summary))
     console.print(timing.table(summary))
     return summary
+
+
+def critic_only_steps(cfg, learner_cfg) -> int:
+    """Learner steps that update the critic alone (``critic.critic_warmup_steps`` with a critic)."""
+    return int(learner_cfg.critic_warmup_steps) if learner_cfg.uses_critic else 0
 
 
 def split_prompts(cfg, tasks: dict) -> tuple[list[dict], list[dict]]:
@@ -261,7 +269,9 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
                                     pad_id=lc.pad_id) for i in range(0, len(trajs), B)]
         states, res = learner.value_pretrain(states, batches)
     for i, ev in enumerate(res["history"]):
-        writer.write(i, {"value_pretrain/explained_variance": ev}, phase="value_pretrain")
+        writer.write(i, {"value_pretrain/explained_variance": ev,
+                         **({"value_pretrain/trajectories": len(trajs)} if i == 0 else {})},
+                     phase="value_pretrain")
     log(f"value pretraining: {res['steps']} critic steps on {len(trajs)} trajectories, "
         f"explained variance {res['explained_variance']:.3f}")
     return states
@@ -332,7 +342,9 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
 
         loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                                   eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
-                                  batch_timeout_s=cfg.run.batch_timeout_s)
+                                  batch_timeout_s=cfg.run.batch_timeout_s,
+                                  eval_offset=critic_only_steps(cfg, learner.cfg)
+                                  if cfg.eval.align_actor_updates else 0)
         if dispatcher is not None:
             stack.enter_context(dispatcher)
             stack.enter_context(sampler.using(dispatcher))

@@ -19,9 +19,13 @@ says:
   tau <= 4 (160), so the staleness bound, not the fleet, sets how stale
   trained tokens are up to tau = 4; at tau = 8 (budget 288) the fleet's 192
   bound it;
-* **budget**: ``STEPS`` learner steps of ``BATCH`` trajectories for every arm
-  (GRPO: ``BATCH / 8`` prompts x 8 rollouts), held-out pass@1 on 200 prompts
-  every 10 steps.
+* **budget** (:func:`planned_budget`): ``STEPS`` actor updates of ``BATCH``
+  trajectories for every arm (GRPO: ``BATCH / 8`` prompts x 8 rollouts); an
+  arm with a critic warm-up runs that many learner steps more (they update the
+  critic alone), so that no arm loses actor updates to its critic; the
+  warm-up's and the value pretraining's trajectories are charged to the arm
+  (``summary.json``'s ``budget``, a column of every table). Held-out pass@1
+  every 10 actor updates (``eval.align_actor_updates``).
 
 Arm files take the seed as the variant: ``--config=experiments/repro/sao.py:1``.
 """
@@ -52,6 +56,21 @@ def parse_seed(arg: str | None) -> int:
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return seed
+
+
+def planned_budget(c: ml_collections.ConfigDict) -> dict[str, int]:
+    """The trajectories an arm's config plans to spend (what ``run_metrics.budget`` records):
+    ``actor_updates`` (``STEPS``), ``actor_trajectories``, ``critic_only_steps`` (the critic
+    warm-up, with a critic), ``critic_only_trajectories``, ``pretraining`` (value-pretraining
+    samples) and their sum ``planned`` (before drops)."""
+    critic = c.learner.advantage_estimator == "gae"
+    warm = int(c.critic.critic_warmup_steps) if critic else 0
+    pre = (int(c.train.value_pretrain_trajectories)
+           if critic and c.critic.value_pretrain_steps else 0)
+    b = int(c.learner.batch_size)
+    return {"actor_updates": STEPS, "actor_trajectories": STEPS * b, "critic_only_steps": warm,
+            "critic_only_trajectories": warm * b, "pretraining": pre,
+            "planned": (STEPS + warm) * b + pre}
 
 
 def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
@@ -103,8 +122,9 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
     # eval / checkpoints / budget
     c.eval.every = 10
     c.eval.num_prompts = 200
+    c.eval.align_actor_updates = True       # evaluations at equal actor updates in every arm
     c.checkpoint.every = 10
-    c.run.steps = STEPS
+    c.run.steps = STEPS + planned_budget(c)["critic_only_steps"]   # STEPS actor updates for all
     c.run.progress = False
     c.run.tensorboard = False
     if max(c.learner.length_buckets) < c.rollout.max_len:

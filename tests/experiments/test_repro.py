@@ -32,13 +32,30 @@ def test_arms_share_budget_seed_and_warm_start(configs):
     sft = None
     for arm, c in configs.items():
         assert c.name == arm and c.seed == 1 and c.data.shuffle_seed == 1
-        assert (c.run.steps, c.learner.batch_size) == (base.STEPS, base.BATCH)
+        assert c.learner.batch_size == base.BATCH and c.eval.align_actor_updates
         assert c.learner.batch_size % c.rollout.group_size == 0
         key = json.dumps({"model": c.model.to_dict(), "sft": c.sft.to_dict(),
                           "task": c.env.task_config.basic_arithmetic.to_dict()}, default=str)
         assert sft in (None, key), arm
         sft = key
     sweep.check_shared_sft(list(ARM_NAMES), 1, [])
+
+
+def test_every_arm_gets_the_same_actor_updates_and_charges_its_critic(configs):
+    # Issue 22: the critic warm-up used to eat actor steps (SAO 38 updates to GRPO's 40).
+    # A learner step updates the actor unless it is one of the critic's warm-up steps
+    # (sao.learner.update: step >= critic_warmup_steps, with a critic).
+    for arm, c in configs.items():
+        warm = c.critic.critic_warmup_steps if c.learner.advantage_estimator == "gae" else 0
+        assert c.run.steps - warm == base.STEPS, arm
+        plan = base.planned_budget(c)
+        assert (plan["actor_updates"], plan["actor_trajectories"]) == (base.STEPS,
+                                                                        base.STEPS * base.BATCH)
+        assert plan["critic_only_trajectories"] == warm * base.BATCH
+        assert plan["planned"] == c.run.steps * base.BATCH + plan["pretraining"]
+    assert base.planned_budget(configs["sao"])["critic_only_trajectories"] > 0
+    assert base.planned_budget(configs["vapo"])["pretraining"] > 0
+    assert base.planned_budget(configs["grpo"])["pretraining"] == 0
 
 
 def test_arms_differ_where_their_files_say(configs):
