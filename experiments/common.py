@@ -159,6 +159,7 @@ def base() -> ml_collections.ConfigDict:
     v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
     v.temperature = 1.0                   # sampling temperature of evaluation
     v.align_actor_updates = False         # count `every` in actor updates (skip the critic warm-up)
+    v.samples_per_prompt = 1              # episodes per held-out prompt (pass@1 = mean over all)
     v.where = "auto"                      # "learner" (in-process JaxEngine) | "fleet" (eval leases on the
                                           # workers, never trained on) | "auto" (fleet for SGLang engines)
 

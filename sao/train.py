@@ -140,7 +140,9 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         sampler = LeadSampling(sampler, in_process=not on_fleet, publish=publish)
 
         def evaluate(states, step: int) -> dict:
-            m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
+            k = cfg.eval.samples_per_prompt                 # each held-out prompt k times
+            m = sampler.pass_at_1(states, [p for p in heldout for _ in range(k)],
+                                  temperature=cfg.eval.temperature)
             if m:                                          # the lead's metrics
                 log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
                     f"tool use {100 * m['eval/tool_use']:.1f}%")
@@ -192,7 +194,8 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
                "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
                "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
-               "eval_prompts": len(heldout), "policy_version": states.policy_version,
+               "eval_prompts": len(heldout), "eval_samples_per_prompt": cfg.eval.samples_per_prompt,
+               "policy_version": states.policy_version,
                "budget": run_metrics.budget(workdir, batch_size=cfg.learner.batch_size,
                                             steps=steps_done, policy_version=states.policy_version,
                                             fleet=fleet)}

@@ -37,7 +37,18 @@ from experiments import common
 
 STEPS = 40                 # learner steps per run (all arms)
 BATCH = 32                 # trajectories per learner step (all arms)
-SEEDS = (0, 1, 2)          # seeds of the sweep (each: its own SFT policy, init, sampling, prompt order)
+SEEDS = tuple(range(8))    # seeds of the main comparison (each: its own SFT policy, init, sampling,
+                           # prompt order; PREREGISTRATION.md: >= 8 for SAO, GRPO, GRPO+DIS, VAPO)
+SECONDARY_SEEDS = SEEDS[:4]  # seeds of the other comparisons (critic, staleness, drift, wall clock)
+# Cost priors for `sweep status` before any run has finished, and for the budget check
+# (tests/experiments): the first sweep on this machine (2 cores, shared, nice 19) took
+# 2.38 h for 45 runs x 40 learner steps (process seconds per step, start-up and
+# evaluations included) and 0.59 h for 3 SFT warm starts.
+PRIOR_S_PER_STEP = 4.8
+PRIOR_SFT_S = 710.0
+EVAL_PROMPTS = 100         # held-out prompts per evaluation (the same ones in every arm of a seed)
+EVAL_SAMPLES = 4           # samples per held-out prompt (pass@1 = their mean)
+MAX_SWEEP_HOURS = 8.0      # the whole sweep must fit this at the priors (2 cores)
 TAU = 4                    # staleness bound of the arms that do not vary it
 WORKERS = 2                # rollout worker processes (JAX engine each)
 SLOTS = 96                 # episodes in flight per worker (engine decode slots)
@@ -45,6 +56,11 @@ DRIFT_SWITCHES = (13, 26)  # online-drift arms: learner steps where the rewarded
 
 # What SFT depends on: every arm of one seed must agree on these groups (sweep checks).
 SFT_KEYS = ("model", "sft")
+
+
+def seeds_of(group: str) -> tuple[int, ...]:
+    """The seeds an arm of comparison ``group`` (``experiments.repro.ARMS``) runs."""
+    return SEEDS if group == "main" else SECONDARY_SEEDS
 
 
 def parse_seed(arg: str | None) -> int:
@@ -121,7 +137,8 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
     c.env.max_observation_chars = 32
     # eval / checkpoints / budget
     c.eval.every = 10
-    c.eval.num_prompts = 200
+    c.eval.num_prompts = EVAL_PROMPTS
+    c.eval.samples_per_prompt = EVAL_SAMPLES
     c.eval.align_actor_updates = True       # evaluations at equal actor updates in every arm
     c.checkpoint.every = 10
     c.run.steps = STEPS + planned_budget(c)["critic_only_steps"]   # STEPS actor updates for all
