@@ -32,10 +32,12 @@ METRICS = "metrics.jsonl"
 _SLIM = re.compile(r"^time/.*_cpu_s$")      # per-part CPU seconds: bulky, not reported
 
 
-def git_state(repo: str = REPO, *, exclude: str = RECORDS) -> dict:
+def git_state(repo: str = REPO, *, exclude: str | None = None) -> dict:
     """``{"commit": full id or None, "clean": bool, "changes": [porcelain lines]}`` of the
-    checkout at ``repo``; changes under ``exclude`` (the records folder) do not count,
-    untracked files do (they could be code). Without git: commit None, not clean."""
+    checkout at ``repo``; changes under ``exclude`` (default: the repo's records folder)
+    do not count, untracked files do (they could be code). Without git: commit None, not
+    clean."""
+    exclude = os.path.join(repo, os.path.relpath(RECORDS, REPO)) if exclude is None else exclude
     def git(*args):
         try:
             out = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,
@@ -52,7 +54,7 @@ def git_state(repo: str = REPO, *, exclude: str = RECORDS) -> dict:
             "changes": changes}
 
 
-def require_clean(repo: str = REPO, *, exclude: str = RECORDS) -> str:
+def require_clean(repo: str = REPO, *, exclude: str | None = None) -> str:
     """The commit of a clean checkout; raises RuntimeError naming the changes otherwise."""
     state = git_state(repo, exclude=exclude)
     if not state["clean"]:

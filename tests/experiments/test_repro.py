@@ -10,6 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+from experiments.repro import records as rec  # noqa: E402
 from sao import provenance  # noqa: E402
 
 
@@ -24,7 +25,8 @@ def configs():
 
 def test_every_arm_file_is_listed():
     files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
-             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study"}
+             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study",
+                                      "claims", "records", "progress", "verdicts"}
     assert files == set(ARM_NAMES)
 
 
@@ -111,17 +113,32 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
 
 
 def test_collapse_and_time_to_target():
-    rl = [{"step": 0, "time_s": 1.0, "eval/accuracy": 0.5},
-          {"step": 10, "time_s": 20.0, "eval/accuracy": 0.6},
-          {"step": 20, "time_s": 40.0, "eval/accuracy": 0.25},
-          {"step": 30, "time_s": 60.0, "eval/accuracy": 0.3}]
+    rl = [{"step": 0, "time_s": 1.0, "eval/accuracy": 0.5}]
+    for step in range(1, 31):                          # 2 s per RL step
+        rl.append({"step": step, "time_s": 1.0 + 2 * step, "time/step_s": 2.0})
+    for step, acc in ((10, 0.6), (20, 0.25), (30, 0.3)):
+        rl[step]["eval/accuracy"] = acc
     run = results.Run("sao", 0, "done", {}, rl)
     assert run.collapse_step() == 20
     assert results.time_to(run, 0.55) == 20.0 and results.time_to(run, 0.9) is None
-    rl[2]["eval/accuracy"] = 0.55                      # back above the start: no collapse
+    rl[20]["eval/accuracy"] = 0.55                     # back above the start: no collapse
     assert run.collapse_step() is None
-    rl[3]["time_s"] = 5.0                              # a resumed run's clock restarts
-    assert run.timed_evals() == []
+
+
+def test_a_resumed_run_that_reached_the_target_counts():
+    # Issue 22: time_to gave None for a resumed run (its process clock restarts). The RL
+    # clock sums each step's seconds, so the steps of both attempts count, once each.
+    rl = [{"step": 0, "time_s": 50.0, "eval/accuracy": 0.3}]
+    for step in range(1, 21):
+        t = 50.0 + 3 * step if step <= 12 else 40.0 + 3 * (step - 12)   # resumed after step 12
+        rl.append({"step": step, "time_s": t, "time/step_s": 3.0})
+    rl[10]["eval/accuracy"], rl[20]["eval/accuracy"] = 0.4, 0.7
+    run = results.Run("sao", 0, "done", {"accuracy_after": 0.7}, rl)
+    assert results.time_to(run, 0.6) == 60.0 and results.time_to(run, 0.35) == 30.0
+    assert run.timed_evals() == [(0.0, 0.3), (30.0, 0.4), (60.0, 0.7)]
+    table, target = report.wallclock_table({"sao": [run], "grpo_sync": [
+        results.Run("grpo_sync", 0, "done", {"accuracy_after": 0.7}, rl)]})
+    assert target == pytest.approx(0.63) and "| `sao` | 1/1 | 60.000 (n=1) |" in table
 
 
 def test_paired_differences_and_t_interval():
@@ -178,24 +195,34 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     runs = str(tmp_path / "runs")
     arms = ["sao", "grpo"]
-    states = sweep.run(runs, arms, [0], SMOKE)
+    records = str(tmp_path / "records")               # the committed folder's stand-in
+    clean = rec.git_state()["clean"]                   # development trees are dirty
+    states = sweep.run(runs, arms, [0], SMOKE, allow_dirty=True, records=records)
     logs = [os.path.join(sweep.sft_dir(runs, 0), "driver.log")] + [
         os.path.join(sweep.run_dir(runs, a, 0), "driver.log") for a in arms]
     assert states == {("sao", 0): "done", ("grpo", 0): "done"}, "\n".join(
         open(p).read()[-2000:] for p in logs if os.path.exists(p))
     for arm in arms:
         d = sweep.run_dir(runs, arm, 0)
-        assert json.load(open(os.path.join(d, "summary.json")))["steps"] == 2
+        summary = json.load(open(os.path.join(d, "summary.json")))
+        assert summary["budget"]["actor_updates"] == summary["policy_version"] == 2  # run.steps=2
+        assert summary["steps"] == 2 + (2 if arm == "sao" else 0)   # + SAO's critic warm-up
         assert os.path.exists(os.path.join(d, "sft", "result.json"))   # the seed's shared SFT
     attempts = {a: json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json")))
                 for a in arms}
-    assert sweep.run(runs, arms, [0], SMOKE) == states               # rerun: nothing to do
+    for arm in arms:                                   # recorded only from a clean commit
+        assert rec.is_recorded(records, arm, 0) == clean
+    assert sweep.run(runs, arms, [0], SMOKE, allow_dirty=True,
+                     records=records) == states        # rerun: nothing to do
     for a in arms:
         assert json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json"))) == attempts[a]
     out = tmp_path / "RESULTS.md"
-    assert sweep.main(["report", "--runs", runs, "--arms", "sao,grpo", "--seeds", "0",
-                       "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert sweep.main(["report", "--runs", records if clean else runs, "--arms", "sao,grpo",
+                       "--seeds", "0", "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
     text = out.read_text()
+    if not clean:                                      # a dirty tree's runs are never reported
+        assert "| `sao` | SAO | dirty |" in text
+        return
     assert "| `sao` | SAO | done |" in text and "(n=1)" in text
     version = provenance.read_run_info(sweep.run_dir(runs, "sao", 0))[0]["code_version"]
     assert f"`{version}` (2 runs); 0 finished run(s) predate" in text
@@ -232,7 +259,7 @@ def test_one_sweep_at_a_time_per_runs_directory(tmp_path):
         held.write("4242")
         held.flush()
         with pytest.raises(RuntimeError, match="pid 4242"):
-            sweep.run(runs, ["sao"], [0], [])
+            sweep.run(runs, ["sao"], [0], [], allow_dirty=True, records=None)
 
 
 _DRIVER = """
@@ -242,7 +269,7 @@ from experiments.repro import sweep
 sweep.check_shared_sft = lambda *args: None
 marker = {reversed_marker!r}[::-1]   # spelt backwards here: only the fake run's command has it
 sweep._python_cmd = lambda *args: [sys.executable, "-c", "import time; time.sleep(120)", marker]
-sweep.run({runs!r}, ["sao", "grpo"], [0], [])
+sweep.run({runs!r}, ["sao", "grpo"], [0], [], allow_dirty=True, records=None)
 """
 
 
