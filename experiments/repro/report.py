@@ -127,8 +127,9 @@ def staleness_table(runs_by_arm) -> str:
         for r in d:
             c = r.staleness_counts()
             lags.append(float((np.arange(c.size) * c).sum() / max(c.sum(), 1)) if c.size else None)
-            n = r.summary["trajectories"] + r.summary["dropped"]
-            drops.append(r.summary["dropped"] / n if n else None)
+            b = r.summary.get("budget")                # drops incl. GRPO groups, of all generated
+            n = b["generated"] if b else r.summary["trajectories"] + r.summary["dropped"]
+            drops.append((b["dropped"] if b else r.summary["dropped"]) / n if n else None)
             m = (r.mean_of("actor/clip_fraction") if "grpo" in arm else
                  _sum_or_none(r.mean_of("actor/frac_masked_low"), r.mean_of("actor/frac_masked_high")))
             masked.append(m)
@@ -330,6 +331,7 @@ def compute_used(runs: str, runs_by_arm) -> str:
     for seed_dir in sorted(os.listdir(os.path.join(runs, "_sft"))) if os.path.isdir(
             os.path.join(runs, "_sft")) else []:
         p = os.path.join(runs, "_sft", seed_dir, "sft", "result.json")
+        p = p if os.path.exists(p) else os.path.join(runs, "_sft", seed_dir, "result.json")
         if os.path.exists(p):
             with open(p, encoding="utf-8") as f:
                 sft.append(json.load(f)["sft/seconds"])
