@@ -74,16 +74,17 @@ def status(runs: str, arms: list[str], seeds: list[int] | None, *, overrides=(),
         lines.append(f"{arm:20s} " + " ".join(f"{c:>14s}" for c in cells))
     n_done = sum(sweep.run_state(runs, a, s, records) == "done" for a, s in todo)
     per_step, measured, sft_s = measure(runs, todo, planned, records)
-    source = f"{per_step:.1f} s per learner step measured on {measured} finished run(s)"
     if per_step is None:
         per_step, source = base.PRIOR_S_PER_STEP, (f"the prior {base.PRIOR_S_PER_STEP} s per "
                                                    "learner step (no run finished yet)")
+    else:
+        source = f"{per_step:.1f} s per learner step measured on {measured} finished run(s)"
     sft_s = base.PRIOR_SFT_S if sft_s is None else sft_s
     eta = (total - done_steps) * per_step + len(left_sft) * sft_s
     pct = 100.0 * done_steps / total if total else 100.0
     lines.append(f"{n_done}/{len(todo)} runs done, {pct:.0f}% of {total} learner steps; "
-                 f"ETA {eta / 3600:.1f} h at {source}, plus {len(left_sft)} SFT warm start(s) "
-                 f"of ~{sft_s / 60:.0f} min")
+                 f"ETA {eta / 3600:.1f} h at {source}, including {len(left_sft)} SFT warm "
+                 f"start(s) of ~{sft_s / 60:.0f} min")
     return "\n".join(lines)
 
 

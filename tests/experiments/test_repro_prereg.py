@@ -122,6 +122,8 @@ def test_finished_clean_runs_are_recorded_small_and_a_new_machine_skips_them(tmp
 
 def test_status_shows_percent_done_and_an_eta(tmp_path):
     records = str(tmp_path / "records")
+    text = progress.status(str(tmp_path / "runs"), ["sao", "grpo"], [0], records=records)
+    assert "0/2 runs done, 0% of" in text and f"the prior {base.PRIOR_S_PER_STEP} s" in text
     _finished_run(rec.record_dir(records, "sao", 0), steps=42, seconds=420.0)
     text = progress.status(str(tmp_path / "runs"), ["sao", "grpo"], [0], records=records)
     planned = {a: sweep.arm_config(a, 0, []).run.steps for a in ("sao", "grpo")}
@@ -129,7 +131,7 @@ def test_status_shows_percent_done_and_an_eta(tmp_path):
     assert f"1/2 runs done, {pct}% of {sum(planned.values())} learner steps" in text
     eta_h = (planned["grpo"] * 420.0 / planned["sao"] + base.PRIOR_SFT_S) / 3600  # + its SFT
     assert f"ETA {eta_h:.1f} h at 10.0 s per learner step measured on 1 finished run(s)" in text
-    assert "plus 1 SFT warm start(s)" in text          # seed 0 still needs its warm start here
+    assert "including 1 SFT warm start(s)" in text     # seed 0 still needs its warm start here
 
 
 def test_eval_noise_is_paired_and_leaves_drift_arms_out():
