@@ -146,3 +146,25 @@ def test_eval_noise_is_paired_and_leaves_drift_arms_out():
     se = np.std(d, ddof=1) / np.sqrt(6)
     assert f"standard error of {100 * se:.1f}-{100 * se:.1f} points (1 seed(s))" in text
     assert "independent" not in text and "√2" not in text
+
+
+def test_verdict_words_in_the_report_come_from_the_rule():
+    # AUC of 4 seeds: SAO 3-5 points above GRPO + DIS on every seed (supported), GRPO + DIS
+    # vs GRPO both ways (inconclusive, with its detectable effect).
+    def run(arm, seed, level):
+        rl = [{"step": 0, "eval/accuracy": 0.5}]
+        rl += [{"step": v, "learner/policy_version": float(v), "eval/accuracy": level}
+               for v in range(10, base.STEPS + 1, 10)]
+        return results.Run(arm, seed, "done", {"accuracy_after": level}, rl)
+    gaps = {"sao": [0.04, 0.05, 0.03, 0.05], "grpo": [0.02, -0.03, 0.01, -0.02]}
+    runs = {"grpo_dis": [run("grpo_dis", s, 0.6) for s in range(4)],
+            "sao": [run("sao", s, 0.6 + g) for s, g in enumerate(gaps["sao"])],
+            "grpo": [run("grpo", s, 0.6 + g) for s, g in enumerate(gaps["grpo"])]}
+    assert runs["sao"][0].auc() == pytest.approx((0.5 * 5 + 0.64 * 35) / 40)
+    table = verdicts.verdict_table(runs)
+    row = {line.split(".")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert "**supported**" in row["1a"] and "| 4 |" in row["1a"]
+    assert "**inconclusive at this n (n = 4)**" in row["1b"]
+    v = results.verdict([-g * 35 / 40 for g in gaps["grpo"]], +1)   # AUC: grpo_dis - grpo
+    assert f"{100 * v['mde']:.2f} |" in row["1b"]
+    assert "**not measured**" in row["6"]
