@@ -1,8 +1,18 @@
 """The reproduction sweep: one file per arm (a config), the driver (``sweep``) and the report.
 
-``ARMS`` lists the arms in run order with the comparison each belongs to;
+``ARMS`` lists the arms in run order with the comparison each belongs to (an
+arm's group decides its seeds, ``base.seeds_of``);
 ``python -m experiments.repro.sweep run|status|report`` runs them (docs in
-``sweep``); ``RESULTS.md`` at the repository root is the report.
+``sweep``); ``RESULTS.md`` at the repository root is the report. The rest:
+``PREREGISTRATION.md`` (endpoints, seeds, decision rule, fixed before the
+runs) and ``claims`` (the same as code), ``results`` (reading runs, the rule
+and the detectable effect), ``verdicts`` / ``report`` (RESULTS.md),
+``records`` (the committed ``runs/`` folder of finished runs of clean
+commits), ``progress`` (``sweep status``: percent done, ETA).
+
+A new arm: a file here, an ``ARMS`` entry with its group, and, when it tests
+a claim, a ``claims.Claim`` (and a row of PREREGISTRATION.md's table, before
+its runs).
 """
 
 # (arm, comparison group, what it tests). Run order: the main table first.
