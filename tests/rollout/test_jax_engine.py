@@ -52,9 +52,11 @@ def prompts(n, seed=0):
 def test_concurrent_requests_logprobs_match_token_logprobs(models):
     model, _ = models
     stops = tuple(range(0, 272, 17))
-    cases = [(p, SamplingParams(temperature=t, top_p=tp, max_new_tokens=n, stop_token_ids=stops))
-             for p, t, tp, n in zip(prompts(6), [1.0, 0.7, 1.0, 0.5, 1.3, 1.0],
-                                    [1.0, 1.0, 0.9, 1.0, 1.0, 1.0], [12, 5, 12, 9, 12, 1])]
+    cases = [(p, SamplingParams(temperature=t, top_p=tp, top_k=k, max_new_tokens=n,
+                                stop_token_ids=stops))
+             for p, t, tp, k, n in zip(prompts(6), [1.0, 0.7, 1.0, 0.5, 1.3, 1.0],
+                                       [1.0, 1.0, 0.9, 1.0, 1.0, 1.0], [0, 0, 0, 0, 5, 0],
+                                       [12, 5, 12, 9, 12, 1])]
 
     async def main():
         engine = JaxEngine(model, max_slots=4, max_len=64)
@@ -72,7 +74,7 @@ def test_concurrent_requests_logprobs_match_token_logprobs(models):
         else:
             assert len(c.tokens) == sp.max_new_tokens
         assert not any(t in stops for t in c.tokens[:-1])
-        if sp.top_p < 1.0:      # the truncated distribution the token was drawn from
+        if sp.top_p < 1.0 or sp.top_k > 0:   # the truncated distribution the token came from
             np.testing.assert_allclose(c.logprobs, truncated_reference(model, prompt, c, sp),
                                        atol=1e-4)
             assert np.all(np.asarray(c.logprobs) >= recomputed(model, prompt, c, sp.temperature)
