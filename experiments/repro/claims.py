@@ -11,6 +11,7 @@ worse than ``ref`` by more than ``margin``: the differences are shifted by
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import numpy as np
@@ -55,12 +56,17 @@ def _grad(r):
     return r.mean_of("critic/grad_norm")
 
 
+@functools.lru_cache(maxsize=None)
+def _drift_env(arm: str):
+    from experiments.repro import sweep
+    return sweep.arm_config(arm, 0, []).env            # drift settings: the same for every seed
+
+
 def _recovery(r):
     """Versions to recover after the first switch; a run that did not recover within the
     phase counts the phase's length (censored: favours neither arm)."""
     from sao.envs.drift import drift_summary
-    from experiments.repro import sweep
-    env = sweep.arm_config(r.arm, 0, []).env
+    env = _drift_env(r.arm)
     s = drift_summary(r.rl, tuple(env.drift_schedule), recovery_fraction=env.drift_recovery_fraction,
                       window=env.drift_recovery_window)
     if s["levels"][0] is None:
