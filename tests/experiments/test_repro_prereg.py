@@ -168,3 +168,10 @@ def test_verdict_words_in_the_report_come_from_the_rule():
     v = results.verdict([-g * 35 / 40 for g in gaps["grpo"]], +1)   # AUC: grpo_dis - grpo
     assert f"{100 * v['mde']:.2f} |" in row["1b"]
     assert "**not measured**" in row["6"]
+
+
+def test_the_records_folder_is_not_ignored_by_git():
+    # .gitignore ignores every runs/ directory; the committed records must not be.
+    out = subprocess.run(["git", "-C", ROOT, "check-ignore", "-q",
+                          os.path.join(rec.RECORDS, "sao", "seed0", "summary.json")])
+    assert out.returncode == 1
