@@ -81,6 +81,8 @@ def base() -> ml_collections.ConfigDict:
     r.temperature = 1.0                   # sampling temperature; the learner uses logits / T too
     r.top_p = 1.0                         # nucleus sampling (1 = off: log-probs stay unbiased)
     r.top_k = 0                           # top-k sampling (0 = off)
+    r.engine_dtype = ""                   # JaxEngine: dtype its weights are served in ("" = the model's;
+                                          # "bfloat16" beside an f32 learner = production's mismatch)
     r.max_new_tokens = 8192               # tokens per engine turn
     r.max_turns = 16                      # policy turns per episode
     r.group_size = 1                      # rollouts per prompt (1 = single rollout; GRPO 8)

@@ -181,7 +181,20 @@ def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None, worker_inde
                                         sglang_url=sglang_url, log_dir=log_dir)
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
                      max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
-                     version=version)
+                     version=version, serve_dtype=engine_dtype(cfg))
+
+
+ENGINE_DTYPES = ("", "float32", "bfloat16", "float16")
+
+
+def engine_dtype(cfg):
+    """``rollout.engine_dtype`` as a dtype name, or None (serve the model's own
+    dtypes; also when the config predates the field). Raises ValueError on
+    a name outside ``ENGINE_DTYPES``."""
+    name = cfg.rollout.get("engine_dtype", "")
+    if name not in ENGINE_DTYPES:
+        raise ValueError(f"rollout.engine_dtype must be one of {ENGINE_DTYPES}, got {name!r}")
+    return name or None
 
 
 EVAL_WHERE = ("auto", "learner", "fleet")
