@@ -104,6 +104,16 @@ def make_tasks(cfg) -> dict:
     return tasks
 
 
+def tool_latency(cfg) -> ToolLatency:
+    """``env.tool_latency_*`` / ``env.tool_failure_rate`` as a ``ToolLatency`` seeded by the
+    run seed (off for configs that predate the fields). Raises ValueError on bad values."""
+    e = cfg.env
+    return ToolLatency(median_s=float(e.get("tool_latency_median_s", 0.0)),
+                       sigma=float(e.get("tool_latency_sigma", 1.5)),
+                       max_s=float(e.get("tool_latency_max_s", 30.0)),
+                       failure_rate=float(e.get("tool_failure_rate", 0.0)), seed=int(cfg.seed))
+
+
 def make_env_factory(cfg, tasks: dict, clock=None):
     """``() -> Env``: a ``ToolEnv``, or a ``DriftEnv`` when ``env.drift_schedule`` is set.
 
@@ -115,7 +125,8 @@ def make_env_factory(cfg, tasks: dict, clock=None):
     episode = EpisodeConfig(tool_format=e.tool_format, max_turns=cfg.rollout.max_turns,
                             max_tool_calls=e.max_tool_calls, tool_timeout_s=e.tool_timeout_s,
                             tool_memory_mb=e.tool_memory_mb,
-                            max_observation_chars=e.max_observation_chars)
+                            max_observation_chars=e.max_observation_chars,
+                            latency=tool_latency(cfg))
     make = env_factory(tasks, episode, drift_schedule=tuple(e.drift_schedule), clock=clock,
                        judge=e.judge)
     if e.prompt_style != "question":

@@ -64,6 +64,7 @@ from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
+from sao.fleet import lag_sources
 from sao.fleet.dispatcher import Dispatcher
 from sao.fleet.replay import ReplaySource, ReplayWriter
 from sao.learner.batch import make_train_batch
@@ -232,7 +233,8 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
     def make_data():
         demos = demonstrations.arithmetic_demonstrations(
             s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
-            task_kwargs=conf.to_dict() if conf is not None else {})
+            task_kwargs=conf.to_dict() if conf is not None else {},
+            style_mix=demonstrations.parse_style_mix(s.get("style_mix", "")))
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
     log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "
@@ -325,7 +327,10 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
                 "baseline": baseline.state_dict() if baseline is not None else None})
 
         def batch_metrics(trajs) -> dict:
-            return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
+            lag = ({} if dispatcher is None
+                   else lag_sources.lag_source_metrics(trajs, dispatcher.learner_version))
+            return {**env_metrics(trajs), **lag,
+                    **(groups.metrics() if groups is not None else {})}
 
         loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                                   eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
@@ -373,11 +378,19 @@ def save(checkpointer, states, step: int, *, data_state) -> None:
 
 
 def env_metrics(trajs) -> dict:
-    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
+    """``env/...`` means of the trajectories' env facts: the latency model's sleep per episode
+    (``env/tool_latency_s``) and injected tool failures (``env/tool_failures``) when on, and the
+    drift env's metadata (``{}`` with neither)."""
+    out = {}
+    for key in ("tool_latency_s", "tool_failures"):
+        vals = [float(t.metadata[key]) for t in trajs
+                if isinstance(t.metadata.get(key), (int, float))]
+        if vals:
+            out[f"env/{key}"] = float(np.mean(vals))
     drift = [t.metadata for t in trajs if "phase" in t.metadata]
     if not drift:
-        return {}
-    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
+        return out
+    return {**out, "env/learner_step": float(max(m["learner_step"] for m in drift)),
             "env/phase": float(max(m["phase"] for m in drift)),
             "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
             "env/quality": float(np.mean([m["quality"] for m in drift])),
