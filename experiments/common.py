@@ -167,6 +167,10 @@ def base() -> ml_collections.ConfigDict:
     v.every = 50                          # learner steps between held-out evaluations (0 = only before/after)
     v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
     v.temperature = 1.0                   # sampling temperature of evaluation
+    v.value_episodes = 0                  # critics: fixed held-out episodes scored each evaluation
+                                          # (eval/value_mse, eval/explained_variance; 0 = off)
+    v.value_episodes_file = ""            # where they are kept ("" = <workdir>/value_heldout.bin);
+                                          # arms pointing at one file share one set
     v.where = "auto"                      # "learner" (in-process JaxEngine) | "fleet" (eval leases on the
                                           # workers, never trained on) | "auto" (fleet for SGLang engines)
 

@@ -71,6 +71,7 @@ from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
 from sao.lead_sampling import LeadSampling
+from sao.value_eval import make_value_eval
 
 EVAL_BEFORE_FILE = "eval_before.json"
 REPLAY_FILE = "replay.bin"
@@ -140,9 +141,12 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
 
         sampler = LeadSampling(sampler, in_process=not on_fleet, publish=publish)
 
+        value_eval = make_value_eval(cfg, learner, sampler, heldout, workdir, log)
+
         def evaluate(states, step: int) -> dict:
             m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
             if m:                                          # the lead's metrics
+                m.update(value_eval(states))               # critics on one fixed episode set
                 log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
                     f"tool use {100 * m['eval/tool_use']:.1f}%")
             return m
