@@ -12,6 +12,7 @@ from flax import nnx
 from sao import sglang_setup
 from sao.fleet.dispatch_config import DispatcherConfig
 from sao.envs import EpisodeConfig, env_factory, make_task
+from sao.envs.latency import ToolLatency
 from sao.envs.sandbox import SandboxLimits
 from sao.learner.baselines import RunningMeanBaseline
 from sao.learner.config import LearnerConfig

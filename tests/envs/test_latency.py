@@ -109,3 +109,16 @@ def test_a_failed_call_is_seen_counted_and_retried():
         assert t.metadata["tool_calls"] == 3                    # a failed call still counts
         assert t.metadata["tool_errors"] >= t.metadata["tool_failures"]
         assert t.metadata["tool_latency_s"] == 0.0
+
+
+def test_run_config_reaches_the_env():
+    from experiments.repro import grpo
+    from sao import components
+    c = grpo.get_config("3")
+    c.env.tool_latency_median_s, c.env.tool_failure_rate = 0.7, 0.2
+    env = components.make_env_factory(c, components.make_tasks(c))()
+    assert env.config.latency == ToolLatency(median_s=0.7, sigma=1.5, max_s=30.0,
+                                             failure_rate=0.2, seed=3)
+    c.env.tool_failure_rate = 1.5
+    with pytest.raises(ValueError, match="failure_rate"):
+        components.make_env_factory(c, components.make_tasks(c))
