@@ -24,3 +24,20 @@ ARMS = (
     ("drift_running_mean", "drift", "online drift, running mean"),
 )
 ARM_NAMES = tuple(a for a, _, _ in ARMS)
+
+# Round two (experiments/repro/mech.py: bf16 engine, straggling and failing tools, fixed
+# held-out critic evaluation, mixed-style drift warm start). The drift arms warm-start
+# differently: they run in their own runs directory with ``--sft_arm m_drift_sao``.
+MECH_ARMS = (
+    ("m_sao", "m_main", "SAO"),
+    ("m_grpo", "m_main", "GRPO, PPO clip-higher (no DIS)"),
+    ("m_grpo_dis", "m_main", "GRPO + DIS"),
+    ("m_vapo", "m_main", "vanilla VAPO (no DIS)"),
+    ("m_sao_k1", "m_critic", "K = 1 critic update"),
+    ("m_sao_full_critic", "m_critic", "full-parameter critic"),
+    ("m_sao_no_pretrain", "m_critic", "no value pretraining"),
+    ("m_grpo_sync", "m_wallclock", "GRPO synchronous (tau = 0)"),
+    ("m_drift_sao", "m_drift", "online drift, SAO"),
+    ("m_drift_running_mean", "m_drift", "online drift, running mean"),
+)
+MECH_ARM_NAMES = tuple(a for a, _, _ in MECH_ARMS)

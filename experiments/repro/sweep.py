@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from experiments.repro import ARM_NAMES, base
+from experiments.repro import ARM_NAMES, MECH_ARM_NAMES, base
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWEEP_FILE = "sweep.json"
@@ -51,6 +51,7 @@ SUMMARY_FILE = "summary.json"
 ATTEMPTS_FILE = "attempts.json"
 LOCK_FILE = "sweep.lock"     # one ``run`` per runs directory at a time (flock)
 _child: subprocess.Popen | None = None     # the run or SFT process in progress
+_sft_arm = "sao"                           # --sft_arm: the SFT every arm here shares
 _stopping = False                          # set by SIGTERM: end the child, start nothing new
 
 
@@ -134,25 +135,26 @@ def check_sweep_file(runs: str, overrides: list[str]) -> None:
                        "steps": base.STEPS, "batch": base.BATCH})
 
 
-def check_shared_sft(arms: list[str], seed: int, overrides: list[str]) -> None:
+def check_shared_sft(arms: list[str], seed: int, overrides: list[str],
+                     sft_arm: str = "sao") -> None:
     """Raises ValueError unless every arm's SFT inputs (``base.SFT_KEYS`` and the SFT task's
     generator settings) equal the ``sao`` arm's, so one SFT per seed serves all arms."""
     def key(cfg):
         return json.dumps({**{k: cfg[k].to_dict() for k in base.SFT_KEYS},
                            "task": cfg.env.task_config[cfg.sft.task].to_dict()},
                           sort_keys=True, default=str)
-    ref = key(arm_config("sao", seed, overrides))
+    ref = key(arm_config(sft_arm, seed, overrides))
     for arm in arms:
         if key(arm_config(arm, seed, overrides)) != ref:
-            raise ValueError(f"arm {arm!r} warm-starts differently from 'sao': it cannot share "
-                             "the seed's SFT")
+            raise ValueError(f"arm {arm!r} warm-starts differently from {sft_arm!r}: it cannot "
+                             "share the seed's SFT (run it in its own --runs with --sft_arm)")
 
 
-def train_sft(runs: str, seed: int, overrides: list[str]) -> None:
-    """Trains (or finds) the seed's SFT warm start in ``sft_dir`` with the ``sao`` arm's config."""
+def train_sft(runs: str, seed: int, overrides: list[str], sft_arm: str = "sao") -> None:
+    """Trains (or finds) the seed's SFT warm start in ``sft_dir`` with ``sft_arm``'s config."""
     from sao import components, run_metrics, train
     from sao.learner.mesh import mesh_from_config
-    cfg = arm_config("sao", seed, overrides)
+    cfg = arm_config(sft_arm, seed, overrides)
     d = sft_dir(runs, seed)
     os.makedirs(d, exist_ok=True)
     with run_metrics.MetricsWriter(d, tensorboard=False) as writer:
@@ -178,14 +180,15 @@ def _run_logged(cmd: list[str], log_path: str) -> int:
             _child = None
 
 
-def ensure_sft(runs: str, seed: int, overrides: list[str]) -> bool:
+def ensure_sft(runs: str, seed: int, overrides: list[str], sft_arm: str = "sao") -> bool:
     """The seed's SFT (in a child process, as the runs are); True when it exists."""
     d = sft_dir(runs, seed)
     if os.path.exists(os.path.join(d, "sft", "result.json")):
         return True
     os.makedirs(d, exist_ok=True)
     rc = _run_logged(_python_cmd("-m", "experiments.repro.sweep", "sft", "--runs", runs,
-                                 "--seed", str(seed), *sum((["--set", o] for o in overrides), [])),
+                                 "--seed", str(seed), "--sft_arm", sft_arm,
+                                 *sum((["--set", o] for o in overrides), [])),
                      os.path.join(d, "driver.log"))
     return rc == 0 and os.path.exists(os.path.join(d, "sft", "result.json"))
 
@@ -266,10 +269,10 @@ def stop(runs: str, timeout_s: float = 300.0) -> str:
 def _run_locked(runs, arms, seeds, overrides, max_attempts) -> dict:
     states = {}
     for seed in seeds:
-        check_shared_sft(arms, seed, overrides)
+        check_shared_sft(arms, seed, overrides, _sft_arm)
         if _stopping:
             break
-        if not ensure_sft(runs, seed, overrides) and not _stopping:
+        if not ensure_sft(runs, seed, overrides, _sft_arm) and not _stopping:
             print(f"seed {seed}: SFT failed (see {sft_dir(runs, seed)}/driver.log)", flush=True)
             states.update({(a, seed): run_state(runs, a, seed) for a in arms})
             continue
@@ -315,13 +318,16 @@ def _parse(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm (repeatable)")
     p.add_argument("--max_attempts", type=int, default=2)
+    p.add_argument("--sft_arm", default="sao", help="the arm whose SFT settings every arm of the "
+                   "runs directory shares (e.g. m_drift_sao for the mixed-style drift warm start)")
     p.add_argument("--out", default=os.path.join(REPO, "RESULTS.md"), help="report: markdown file")
     p.add_argument("--plots", default=os.path.join(REPO, "docs"), help="report: PNG directory")
     args = p.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARM_NAMES))
+    known = ARM_NAMES + MECH_ARM_NAMES
+    unknown = sorted(set(arms + [args.sft_arm]) - set(known))
     if unknown:
-        p.error(f"unknown arms {unknown}; known: {', '.join(ARM_NAMES)}")
+        p.error(f"unknown arms {unknown}; known: {', '.join(known)}")
     bad = [o for o in args.set if "=" not in o]
     if bad:
         p.error(f"--set takes KEY=VALUE, got {bad}")
@@ -330,8 +336,10 @@ def _parse(argv):
 
 def main(argv=None) -> int:
     args, arms, seeds = _parse(sys.argv[1:] if argv is None else argv)
+    global _sft_arm
+    _sft_arm = args.sft_arm
     if args.command == "sft":
-        train_sft(os.path.abspath(args.runs), args.seed, args.set)
+        train_sft(os.path.abspath(args.runs), args.seed, args.set, args.sft_arm)
     elif args.command == "run":
         states = run(args.runs, arms, seeds, args.set, max_attempts=args.max_attempts)
         print(status(os.path.abspath(args.runs), arms, seeds))

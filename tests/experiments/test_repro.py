@@ -9,7 +9,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+from experiments.repro import ARM_NAMES, MECH_ARM_NAMES, base, report, results, sweep  # noqa: E402
 from sao import provenance  # noqa: E402
 
 
@@ -24,8 +24,9 @@ def configs():
 
 def test_every_arm_file_is_listed():
     files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
-             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study"}
-    assert files == set(ARM_NAMES)
+             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study",
+                                      "mech"}
+    assert files == set(ARM_NAMES) | set(MECH_ARM_NAMES)
 
 
 def test_arms_share_budget_seed_and_warm_start(configs):
