@@ -203,8 +203,12 @@ def run_one(runs: str, arm: str, seed: int, overrides: list[str], *, max_attempt
     if not os.path.exists(os.path.join(d, "sft")):
         shutil.copytree(os.path.join(sft_dir(runs, seed), "sft"), os.path.join(d, "sft"))
     attempts = _attempts(d)
+    # One fixed held-out episode set per seed for every critic (sao.value_eval): the first
+    # arm of the seed that scores a critic samples it next to the seed's SFT, the others reuse it.
+    value_set = os.path.join(sft_dir(runs, seed), "value_heldout.bin")
     cmd = _python_cmd("-m", "sao.main", f"--config=experiments/repro/{arm}.py:{seed}",
-                      f"--workdir={d}", *(f"--config.{o}" for o in overrides))
+                      f"--workdir={d}", f"--config.eval.value_episodes_file={value_set}",
+                      *(f"--config.{o}" for o in overrides))
     t0 = time.monotonic()
     rc = _run_logged(cmd, os.path.join(d, "driver.log"))
     attempts.setdefault("runs", []).append({"rc": rc, "seconds": round(time.monotonic() - t0, 1),

@@ -47,3 +47,14 @@ def test_warm_starts_are_shared_within_each_runs_directory():
     sweep.check_shared_sft(["m_drift_sao", "m_drift_running_mean"], 0, [], "m_drift_sao")
     with pytest.raises(ValueError, match="warm-starts differently"):
         sweep.check_shared_sft(["m_sao", "m_drift_sao"], 0, [])
+
+
+def test_every_arm_of_a_seed_is_pointed_at_one_value_set(tmp_path, monkeypatch):
+    runs = str(tmp_path)
+    os.makedirs(os.path.join(sweep.sft_dir(runs, 5), "sft"))
+    cmds = []
+    monkeypatch.setattr(sweep, "_run_logged", lambda cmd, log: cmds.append(cmd) or 0)
+    for arm in ("m_sao", "m_sao_k1"):
+        sweep.run_one(runs, arm, 5, ["run.steps=2"], max_attempts=1)
+    want = f"--config.eval.value_episodes_file={sweep.sft_dir(runs, 5)}/value_heldout.bin"
+    assert all(want in cmd and "--config.run.steps=2" in cmd for cmd in cmds) and len(cmds) == 2
