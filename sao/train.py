@@ -55,21 +55,23 @@ import time
 from typing import Callable
 
 import jax
-import numpy as np
 from rich.console import Console
 
 from sao import (ckpt, components, multihost, provenance, rl_loop, run_metrics, sft, storage,
                  timing, workers)
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
+from sao.envs import facts as env_facts
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
+from sao.fleet import lag_sources
 from sao.fleet.dispatcher import Dispatcher
 from sao.fleet.replay import ReplaySource, ReplayWriter
 from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
 from sao.lead_sampling import LeadSampling
+from sao.value_eval import make_value_eval
 
 EVAL_BEFORE_FILE = "eval_before.json"
 REPLAY_FILE = "replay.bin"
@@ -139,11 +141,14 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
 
         sampler = LeadSampling(sampler, in_process=not on_fleet, publish=publish)
 
+        value_eval = make_value_eval(cfg, learner, sampler, heldout, workdir, log)
+
         def evaluate(states, step: int) -> dict:
             k = cfg.eval.samples_per_prompt                 # each held-out prompt k times
             m = sampler.pass_at_1(states, [p for p in heldout for _ in range(k)],
                                   temperature=cfg.eval.temperature)
             if m:                                          # the lead's metrics
+                m.update(value_eval(states))               # critics on one fixed episode set
                 log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
                     f"tool use {100 * m['eval/tool_use']:.1f}%")
             return m
@@ -243,7 +248,8 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
     def make_data():
         demos = demonstrations.arithmetic_demonstrations(
             s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
-            task_kwargs=conf.to_dict() if conf is not None else {})
+            task_kwargs=conf.to_dict() if conf is not None else {},
+            style_mix=demonstrations.parse_style_mix(s.get("style_mix", "")))
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
     log(f"SFT warm start: {s.steps} steps on {s.num_demos} demonstrations "
@@ -341,7 +347,10 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
                 "baseline": baseline.state_dict() if baseline is not None else None})
 
         def batch_metrics(trajs) -> dict:
-            return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
+            lag = ({} if dispatcher is None
+                   else lag_sources.lag_source_metrics(trajs, dispatcher.learner_version))
+            return {**env_facts.env_metrics(trajs), **lag,
+                    **(groups.metrics() if groups is not None else {})}
 
         loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                                   eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
@@ -388,18 +397,6 @@ def save(checkpointer, states, step: int, *, data_state) -> None:
     checkpointer.save(step, train_state=states, policy_version=states.policy_version,
                       data_state=data_state, extra={}, force=True)
     checkpointer.wait()
-
-
-def env_metrics(trajs) -> dict:
-    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env)."""
-    drift = [t.metadata for t in trajs if "phase" in t.metadata]
-    if not drift:
-        return {}
-    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
-            "env/phase": float(max(m["phase"] for m in drift)),
-            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
-            "env/quality": float(np.mean([m["quality"] for m in drift])),
-            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
 
 
 def drift_adaptation(cfg, workdir: str) -> dict:

@@ -35,11 +35,11 @@ import ml_collections
 
 from experiments import common
 
-STEPS = 40                 # learner steps per run (all arms)
+STEPS = 40                 # actor updates per run (round one; round two: mech.STEPS)
 BATCH = 32                 # trajectories per learner step (all arms)
 SEEDS = tuple(range(8))    # seeds of the main comparison (each: its own SFT policy, init, sampling,
                            # prompt order; PREREGISTRATION.md: >= 8 for SAO, GRPO, GRPO+DIS, VAPO)
-SECONDARY_SEEDS = SEEDS[:4]  # seeds of the other comparisons (critic, staleness, drift, wall clock)
+SECONDARY_SEEDS = SEEDS[:4]  # seeds of the other comparisons (critic, drift, wall clock)
 # Cost priors for `sweep status` before any run has finished, and for the budget check
 # (tests/experiments): the first sweep on this machine (2 cores, shared, nice 19) took
 # 2.38 h for 45 runs x 40 learner steps (process seconds per step, start-up and
@@ -74,9 +74,9 @@ def parse_seed(arg: str | None) -> int:
     return seed
 
 
-def planned_budget(c: ml_collections.ConfigDict) -> dict[str, int]:
+def planned_budget(c: ml_collections.ConfigDict, steps: int | None = None) -> dict[str, int]:
     """The trajectories an arm's config plans to spend (what ``run_metrics.budget`` records):
-    ``actor_updates`` (``STEPS``), ``actor_trajectories``, ``critic_only_steps`` (the critic
+    ``actor_updates`` (``steps``; None: ``run.steps`` less the critic warm-up), ``actor_trajectories``, ``critic_only_steps`` (the critic
     warm-up, with a critic), ``critic_only_trajectories``, ``pretraining`` (value-pretraining
     samples) and their sum ``planned`` (before drops)."""
     critic = c.learner.advantage_estimator == "gae"
@@ -84,13 +84,14 @@ def planned_budget(c: ml_collections.ConfigDict) -> dict[str, int]:
     pre = (int(c.train.value_pretrain_trajectories)
            if critic and c.critic.value_pretrain_steps else 0)
     b = int(c.learner.batch_size)
-    return {"actor_updates": STEPS, "actor_trajectories": STEPS * b, "critic_only_steps": warm,
+    steps = int(c.run.steps) - warm if steps is None else int(steps)
+    return {"actor_updates": steps, "actor_trajectories": steps * b, "critic_only_steps": warm,
             "critic_only_trajectories": warm * b, "pretraining": pre,
-            "planned": (STEPS + warm) * b + pre}
+            "planned": (steps + warm) * b + pre}
 
 
 def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
-          tau: int = TAU) -> ml_collections.ConfigDict:
+          tau: int = TAU, steps: int = STEPS) -> ml_collections.ConfigDict:
     """Sets the sweep's shared scale (module doc) on an experiment's ``cpu`` config.
 
     Args:
@@ -99,6 +100,7 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
       arg: the seed variant.
       name: the arm's name (``c.name``, the sweep's run directory).
       tau: staleness bound (0 = synchronous, with a barrier).
+      steps: actor updates (the run adds its critic warm-up steps: ``run.steps``).
     Returns ``c``. Raises ValueError on a bad seed or an inconsistent result.
     """
     seed = parse_seed(arg)
@@ -141,7 +143,7 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
     c.eval.samples_per_prompt = EVAL_SAMPLES
     c.eval.align_actor_updates = True       # evaluations at equal actor updates in every arm
     c.checkpoint.every = 10
-    c.run.steps = STEPS + planned_budget(c)["critic_only_steps"]   # STEPS actor updates for all
+    c.run.steps = steps + planned_budget(c, steps)["critic_only_steps"]   # equal actor updates
     c.run.progress = False
     c.run.tensorboard = False
     if max(c.learner.length_buckets) < c.rollout.max_len:

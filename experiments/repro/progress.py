@@ -4,8 +4,8 @@ Progress is counted in learner steps (a run's planned ``run.steps`` from its
 config, its done steps from ``metrics.jsonl``; a recorded run is whole).
 The ETA is the remaining steps at the seconds per learner step measured on
 the finished runs (their attempts' process seconds, start-up and
-evaluations included), plus one SFT warm start per seed that still needs
-one; before any run has finished, the prior of ``base.PRIOR_S_PER_STEP``
+evaluations included), plus each SFT warm start (per seed and
+``experiments.repro.sft_arm_of``) that is still needed; before any run has finished, the prior of ``base.PRIOR_S_PER_STEP``
 (measured by the first sweep on this machine) is used and said so.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from experiments.repro import base, records as rec, sweep
+from experiments.repro import base, records as rec, sft_arm_of, sweep
 
 
 def _steps(arm: str, overrides) -> int:
@@ -38,7 +38,9 @@ def measure(runs: str, todo, planned: dict, records: str | None) -> tuple[float 
                 secs, steps, n = secs + _seconds(d), steps + planned[arm], n + 1
                 break
     sft = []
-    for root in filter(None, (os.path.join(runs, "_sft"), records and os.path.join(records, "_sft"))):
+    roots = [os.path.join(top, name) for top in filter(None, (runs, records))
+             if os.path.isdir(top) for name in sorted(os.listdir(top)) if name.startswith("_sft")]
+    for root in roots:
         for seed_dir in sorted(os.listdir(root)) if os.path.isdir(root) else []:
             for p in (os.path.join(root, seed_dir, "sft", "result.json"),
                       os.path.join(root, seed_dir, "result.json")):
@@ -67,9 +69,9 @@ def status(runs: str, arms: list[str], seeds: list[int] | None, *, overrides=(),
             st = sweep.run_state(runs, arm, s, records)
             k = planned[arm] if st == "done" else min(sweep.rl_steps_done(runs, arm, s), planned[arm])
             done_steps, total = done_steps + k, total + planned[arm]
-            if st != "done" and not os.path.exists(os.path.join(sweep.sft_dir(runs, s), "sft",
-                                                                "result.json")):
-                left_sft.add(s)
+            sft = sweep.sft_dir(runs, s, sft_arm_of(arm))
+            if st != "done" and not os.path.exists(os.path.join(sft, "sft", "result.json")):
+                left_sft.add((sft_arm_of(arm), s))
             cells.append(st if st in ("done", "pending") else f"{st} @{k}")
         lines.append(f"{arm:20s} " + " ".join(f"{c:>14s}" for c in cells))
     n_done = sum(sweep.run_state(runs, a, s, records) == "done" for a, s in todo)
@@ -93,4 +95,4 @@ def planned_hours(arms: list[str], seeds: list[int] | None, overrides=()) -> flo
     todo = sweep.plan(arms, seeds)
     steps = {a: _steps(a, overrides) for a in arms}
     return (sum(steps[a] for a, _ in todo) * base.PRIOR_S_PER_STEP
-            + len({s for _, s in todo}) * base.PRIOR_SFT_S) / 3600
+            + len({(sft_arm_of(a), s) for a, s in todo}) * base.PRIOR_SFT_S) / 3600

@@ -8,7 +8,8 @@ the repository) as soon as the run finishes: ``summary.json``,
 ``eval_before.json``, ``attempts.json`` (each attempt's commit),
 ``run_info.jsonl``, ``config.json`` and ``metrics.jsonl`` without the
 per-part CPU timings (``time/*_cpu_s``). The seed's SFT warm start leaves
-its ``result.json`` under ``_sft/seed<S>/``. So a sweep continues on a new
+its ``result.json`` under ``_sft/seed<S>/`` (a warm start of its own, as the
+drift arms': ``_sft_<arm>/seed<S>/``). So a sweep continues on a new
 machine from a checkout (finished runs are skipped) and ``sweep report``
 regenerates RESULTS.md from the repository alone.
 
@@ -113,10 +114,11 @@ def record_run(run_dir: str, dest: str) -> bool:
     return True
 
 
-def record_sft(sft_run_dir: str, records: str, seed: int) -> None:
-    """Copies the seed's SFT ``result.json`` (its loss and seconds) into ``records``."""
+def record_sft(sft_run_dir: str, records: str, seed: int, name: str = "_sft") -> None:
+    """Copies the seed's SFT ``result.json`` (its loss and seconds) into ``records/<name>/``
+    (``name``: ``sweep.sft_name`` of the warm start)."""
     src = os.path.join(sft_run_dir, "sft", "result.json")
     if os.path.exists(src):
-        dest = os.path.join(records, "_sft", f"seed{seed}")
+        dest = os.path.join(records, name, f"seed{seed}")
         os.makedirs(dest, exist_ok=True)
         shutil.copyfile(src, os.path.join(dest, "result.json"))

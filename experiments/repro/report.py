@@ -19,19 +19,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments.repro import ARMS, base, ev_study, results, sweep, verdicts  # noqa: E402
+from experiments.repro import ALL_ARMS, ARMS, base, ev_study, mech, results, sweep, verdicts  # noqa: E402
 from experiments.repro.verdicts import BUDGET_HEADER, budget_cell  # noqa: E402
 from experiments.repro.results import done, pct, stat  # noqa: E402
 
 DISCUSSION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "discussion.md")
 GROUPS = {a: g for a, g, _ in ARMS}
-TITLES = {a: t for a, _, t in ARMS}
+TITLES = {a: t for a, _, t in reversed(ALL_ARMS)}     # round two's titles win
 MAIN = [a for a, g, _ in ARMS if g == "main"]
-CRITIC = ["sao", "sao_k1", "sao_full_critic", "sao_dis_only", "vapo"]
-STALENESS = [("sao_tau1", 1), ("sao", base.TAU), ("sao_tau8", 8),
-             ("grpo_tau1", 1), ("grpo", base.TAU), ("grpo_tau8", 8)]
-DRIFT = ["drift_sao", "drift_running_mean"]
-WALLCLOCK = ["sao", "grpo_sync"]
+CRITIC = ["m_sao", "m_sao_k1", "m_sao_full_critic", "m_sao_no_pretrain", "m_vapo"]
+STALENESS = [(a, base.TAU) for a in MAIN]             # round two: lag from stragglers at one τ
+DRIFT = ["m_drift_sao", "m_drift_running_mean"]
+DRIFT_SWITCHES = mech.DRIFT_SWITCHES                  # learner steps (mech.drift)
+WALLCLOCK = ["m_sao", "m_grpo_sync"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -61,7 +61,7 @@ def status_table(runs_by_arm) -> str:
 
 def main_table(runs_by_arm) -> str:
     rows = []
-    for arm in _present(runs_by_arm, MAIN + CRITIC[1:3] + ["grpo_sync"]):
+    for arm in _present(runs_by_arm, MAIN + CRITIC[1:4] + ["m_grpo_sync"]):
         d = done(runs_by_arm[arm])
         before = [r.summary["accuracy_before"] for r in d]
         after = [r.summary["accuracy_after"] for r in d]
@@ -89,10 +89,10 @@ def _ev_last(r):
     return r.mean_of("critic/explained_variance", last=10)
 
 
-def paired_table(runs_by_arm, ref: str = "sao") -> str:
+def paired_table(runs_by_arm, ref: str = "m_sao") -> str:
     """Each arm minus ``ref`` on the same seed (same warm start, same held-out prompts)."""
     rows = []
-    arms = MAIN + CRITIC[1:3] + ["grpo_sync"] + [a for a, _ in STALENESS]
+    arms = MAIN + CRITIC[1:4] + ["m_grpo_sync"] + [a for a, _ in STALENESS]
     for arm in _present(runs_by_arm, list(dict.fromkeys(arms))):
         if arm == ref:
             continue
@@ -110,10 +110,13 @@ def critic_table(runs_by_arm) -> str:
         rows.append([f"`{arm}`",
                      stat([r.mean_of("critic/explained_variance", first=10) for r in d]),
                      stat([r.mean_of("critic/explained_variance", last=10) for r in d]),
+                     stat([r.mean_of("eval/explained_variance") for r in d]),
                      stat([r.mean_of("critic/grad_norm") for r in d]),
                      stat([r.mean_of("critic/value_loss", last=10) for r in d]),
                      pct([r.summary["accuracy_after"] for r in d]), budget_cell(d)])
-    return _table(["arm", "EV, steps 1-10", "EV, last 10 steps", "critic grad norm (mean)",
+    return _table(["arm", "EV, steps 1-10", "EV, last 10 steps",
+                   "EV on the fixed held-out episodes (mean over evaluations)",
+                   "critic grad norm (mean)",
                    "value loss, last 10", "pass@1 final", BUDGET_HEADER], rows)
 
 
@@ -172,7 +175,7 @@ def _drift(run: results.Run, env) -> dict:
 
 def drift_table(runs_by_arm) -> str:
     rows = []
-    n_sw = len(base.DRIFT_SWITCHES)
+    n_sw = len(DRIFT_SWITCHES)
     for arm in _present(runs_by_arm, DRIFT):
         env = sweep.arm_config(arm, 0, []).env          # drift settings: the same for every seed
         summaries = [_drift(r, env) for r in done(runs_by_arm[arm])]
@@ -190,7 +193,7 @@ def drift_table(runs_by_arm) -> str:
                              for i in range(n_sw + 1))
         rows.append([f"`{arm}`", *per_switch, phase_s if summaries else "—",
                      budget_cell(runs_by_arm[arm])])
-    return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in base.DRIFT_SWITCHES],
+    return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in DRIFT_SWITCHES],
                    "mean reward per phase", BUDGET_HEADER], rows)
 
 
@@ -198,7 +201,7 @@ def wallclock_table(runs_by_arm) -> tuple[str, float | None]:
     d = {a: done(runs_by_arm[a]) for a in _present(runs_by_arm, WALLCLOCK)}
     finals = [np.mean([r.summary["accuracy_after"] for r in rs]) for rs in d.values() if rs]
     if len(finals) < 2:
-        return "Needs finished runs of both `sao` and `grpo_sync`.", None
+        return "Needs finished runs of both `m_sao` and `m_grpo_sync`.", None
     target = 0.9 * min(finals)
     rows = []
     for arm, rs in d.items():
@@ -242,7 +245,7 @@ def plots(runs_by_arm, out_dir: str) -> list[str]:
     """Writes the PNGs; returns their file names."""
     os.makedirs(out_dir, exist_ok=True)
     figs = {
-        "repro_main.png": ([a for a in MAIN + ["sao_k1", "sao_full_critic"]], "eval/accuracy",
+        "repro_main.png": ([a for a in MAIN + ["m_sao_k1", "m_sao_full_critic"]], "eval/accuracy",
                            "held-out pass@1"),
         "repro_critic_ev.png": (CRITIC, "critic/explained_variance", "critic explained variance"),
         "repro_staleness.png": ([a for a, _ in STALENESS], "eval/accuracy", "held-out pass@1"),
@@ -254,7 +257,7 @@ def plots(runs_by_arm, out_dir: str) -> list[str]:
         for a in _present(runs_by_arm, arms):
             _curve(ax, runs_by_arm[a], key, a)
         if name == "repro_drift.png":
-            for s in base.DRIFT_SWITCHES:
+            for s in DRIFT_SWITCHES:
                 ax.axvline(s, color="grey", ls=":")
         ax.set_xlabel("actor updates" if key == "eval/accuracy" else "learner step")
         ax.set_ylabel(ylabel)
@@ -369,10 +372,15 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds=None) -> No
         "seeds (n given); runs that have not finished are not in any mean.\n",
         "## Setup\n",
         f"Every arm: `experiments/repro/<arm>.py` (an `experiments/` file's `cpu` variant through "
-        f"`experiments/repro/base.py`): the `tiny` byte-level policy (0.43M parameters) "
-        f"warm-started by SFT once per seed and shared by all arms of that seed; reasoning-gym "
-        f"`basic_arithmetic`, 2-3 terms of 1-2 digits, up to 2 Python-tool calls in 3 turns; "
-        f"{base.STEPS} actor updates × {base.BATCH} trajectories for every arm (GRPO: "
+        f"`experiments/repro/base.py` and `mech.py`): the `tiny` byte-level policy (0.43M "
+        f"parameters) warm-started by SFT once per seed and shared by all arms of that seed (the "
+        f"drift arms share a mixed-style one); reasoning-gym `basic_arithmetic`, 2-3 terms of 1-2 "
+        f"digits, up to {mech.TOOL_CALLS} Python-tool calls in {mech.TOOL_CALLS + 1} turns, each "
+        f"call sleeping a lognormal time (median {mech.LATENCY_S} s, σ {mech.LATENCY_SIGMA}, at "
+        f"most {mech.LATENCY_MAX_S} s) and failing with probability {mech.FAILURE_RATE}; the "
+        f"engine serves bf16 weights beside the f32 learner; {mech.STEPS} actor updates "
+        f"({2 * mech.DRIFT_PHASE} for the drift arms) × {base.BATCH} trajectories at actor LR "
+        f"{mech.ACTOR_LR} for every arm (GRPO: "
         f"{base.BATCH // 8} prompts × 8; a critic warm-up adds learner steps, charged in the "
         f"budget table); {base.WORKERS} rollout worker processes, {base.SLOTS} "
         f"episodes in flight each; staleness bound τ = {base.TAU} unless the arm varies it; "
@@ -407,22 +415,22 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds=None) -> No
         "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",
         f"![held-out pass@1]({rel}/repro_main.png)\n",
         "### Paired against SAO\n",
-        "Per seed, the arm's number minus `sao`'s on the same seed: both start from that seed's "
+        "Per seed, the arm's number minus `m_sao`'s on the same seed: both start from that seed's "
         "SFT warm start and are evaluated on the same held-out prompts, so the spread between "
         "warm starts (most of the ± above) cancels. Mean over seeds with a 95% Student-t "
         "interval; an interval that contains 0 means no difference is shown at this n. "
-        + verdicts.eval_noise(runs_by_arm) + "\n",
+        + verdicts.eval_noise(runs_by_arm, "m_sao", "m_grpo") + "\n",
         paired_table(runs_by_arm) + "\n",
         "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
         "Explained variance is the learner's `critic/explained_variance`: measured on each new "
         "batch *before* the critic's K steps on it (see the explained-variance study below).\n",
         critic_table(runs_by_arm) + "\n", f"![critic EV]({rel}/repro_critic_ev.png)\n",
-        "## Rising staleness: GRPO without DIS vs SAO\n",
+        f"## Staleness at τ = {base.TAU}: the lag stragglers put on trained tokens\n",
         "GRPO's PPO clip takes its ratio against the engine's log-probs (docs/algorithm.md §7), "
         "so it sees the lag; DIS masks tokens two-sided.\n",
         staleness_table(runs_by_arm) + "\n", f"![staleness]({rel}/repro_staleness.png)\n",
         "## Simulated online learning (drifting reward)\n",
-        f"The rewarded answer style switches at steps {base.DRIFT_SWITCHES}; adaptation lag = "
+        f"The rewarded answer style switches at steps {DRIFT_SWITCHES}; adaptation lag = "
         "policy versions until the batch reward is back at 90% of its level before the switch "
         "(`sao.envs.drift.drift_summary`; a switch after a phase of zero reward has nothing to "
         "recover and no lag).\n",

@@ -19,18 +19,28 @@ design's minimum detectable effect (:func:`mde`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 
 import numpy as np
 
-from experiments.repro import base, records, sweep
+from experiments.repro import ALL_ARMS, base, records, sweep
 from sao import provenance
 
 # A run has collapsed at the first held-out evaluation this far below its
 # pass@1 before RL (absolute), and never comes back above the start.
 COLLAPSE_DROP = 0.2
+
+
+@functools.lru_cache(maxsize=None)
+def actor_updates(arm: str) -> int:
+    """The actor updates ``arm``'s config plans (``base.planned_budget``: ``mech.STEPS`` for
+    the round-two arms, ``base.STEPS`` for round one's); ``base.STEPS`` for an unknown arm."""
+    if arm not in {a for a, _, _ in ALL_ARMS}:
+        return base.STEPS
+    return base.planned_budget(sweep.arm_config(arm, 0, []))["actor_updates"]
 
 
 @dataclasses.dataclass
@@ -70,9 +80,10 @@ class Run:
 
     def auc(self, updates: int | None = None) -> float | None:
         """Area under the held-out learning curve over actor updates ``0..updates`` (default
-        ``base.STEPS``), divided by ``updates``: the mean pass@1 over training (trapezoid
-        rule). None unless the curve has its start (0) and end (``updates``) points."""
-        updates = base.STEPS if updates is None else updates
+        the arm's, :func:`actor_updates`), divided by ``updates``: the mean pass@1 over
+        training (trapezoid rule). None unless the curve has its start (0) and end
+        (``updates``) points."""
+        updates = actor_updates(self.arm) if updates is None else updates
         pts = [(x, y) for x, y in self.curve() if x <= updates]
         if not pts or pts[0][0] != 0 or pts[-1][0] != updates:
             return None

@@ -1,6 +1,6 @@
 """The reproduction sweep's driver: every arm x seed at the same budget, resumable.
 
-    python -m experiments.repro.sweep run    --runs /work/repro-runs [--arms sao,grpo] [--seeds 0,1,2]
+    python -m experiments.repro.sweep run    --runs /work/repro-runs [--arms m_sao,m_grpo] [--seeds 0,1,2]
     python -m experiments.repro.sweep status --runs /work/repro-runs   # percent done, ETA
     python -m experiments.repro.sweep report          # RESULTS.md + docs/repro_*.png from the records
     python -m experiments.repro.sweep stop   --runs /work/repro-runs   # end the running driver
@@ -18,7 +18,9 @@ the repository. Without ``--seeds`` each arm runs the seeds of its group
 ``run`` goes seed by seed (so that one seed's comparison is complete before
 the next starts): it trains the seed's SFT warm start once in
 ``RUNS/_sft/seedS`` (``sao.train.sft_warm_start``, the code path of every
-run) and copies it into each arm's run directory ``RUNS/<arm>/seedS`` before
+run; arms with a warm start of their own, ``experiments.repro.SFT_OF`` such
+as the drift arms', share ``RUNS/_sft_<arm>/seedS``) and copies it into each
+arm's run directory ``RUNS/<arm>/seedS`` before
 starting ``python -m sao.main --config=experiments/repro/<arm>.py:S
 --workdir=RUNS/<arm>/seedS``, which then loads it instead of training again
 (``sao.sft.cached_sft``). A run with ``summary.json`` is finished and skipped;
@@ -53,7 +55,8 @@ import subprocess
 import sys
 import time
 
-from experiments.repro import ARM_NAMES, ARMS, base, records as rec
+from experiments.repro import (ALL_ARMS, ARM_NAMES, DEFAULT_SFT, base, records as rec,
+                               sft_arm_of)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SWEEP_FILE = "sweep.json"
@@ -76,9 +79,16 @@ def run_dir(runs: str, arm: str, seed: int) -> str:
     return os.path.join(runs, arm, f"seed{seed}")
 
 
-def sft_dir(runs: str, seed: int) -> str:
-    """``RUNS/_sft/seed<seed>``: where the seed's shared SFT warm start is trained."""
-    return os.path.join(runs, "_sft", f"seed{seed}")
+def sft_name(sft_arm: str = DEFAULT_SFT) -> str:
+    """``_sft`` (the ``DEFAULT_SFT`` warm start) or ``_sft_<sft_arm>``: the folder name of a
+    warm start's runs (and records)."""
+    return "_sft" if sft_arm == DEFAULT_SFT else f"_sft_{sft_arm}"
+
+
+def sft_dir(runs: str, seed: int, sft_arm: str = DEFAULT_SFT) -> str:
+    """``RUNS/<sft_name>/seed<seed>``: where the seed's SFT warm start trained by ``sft_arm``'s
+    config (``experiments.repro.sft_arm_of``) is trained, shared by the arms of that seed."""
+    return os.path.join(runs, sft_name(sft_arm), f"seed{seed}")
 
 
 def arm_config(arm: str, seed: int, overrides: list[str]):
@@ -160,26 +170,27 @@ def check_sweep_file(runs: str, overrides: list[str]) -> None:
                        "steps": base.STEPS, "batch": base.BATCH})
 
 
-def check_shared_sft(arms: list[str], seed: int, overrides: list[str]) -> None:
+def check_shared_sft(arms: list[str], seed: int, overrides: list[str],
+                     sft_arm: str = DEFAULT_SFT) -> None:
     """Raises ValueError unless every arm's SFT inputs (``base.SFT_KEYS`` and the SFT task's
-    generator settings) equal the ``sao`` arm's, so one SFT per seed serves all arms."""
+    generator settings) equal ``sft_arm``'s, so one SFT per seed serves all these arms."""
     def key(cfg):
         return json.dumps({**{k: cfg[k].to_dict() for k in base.SFT_KEYS},
                            "task": cfg.env.task_config[cfg.sft.task].to_dict()},
                           sort_keys=True, default=str)
-    ref = key(arm_config("sao", seed, overrides))
+    ref = key(arm_config(sft_arm, seed, overrides))
     for arm in arms:
         if key(arm_config(arm, seed, overrides)) != ref:
-            raise ValueError(f"arm {arm!r} warm-starts differently from 'sao': it cannot share "
-                             "the seed's SFT")
+            raise ValueError(f"arm {arm!r} warm-starts differently from {sft_arm!r}: it cannot "
+                             "share its SFT (give it its own in experiments.repro.SFT_OF)")
 
 
-def train_sft(runs: str, seed: int, overrides: list[str]) -> None:
-    """Trains (or finds) the seed's SFT warm start in ``sft_dir`` with the ``sao`` arm's config."""
+def train_sft(runs: str, seed: int, overrides: list[str], sft_arm: str = DEFAULT_SFT) -> None:
+    """Trains (or finds) the seed's SFT warm start in ``sft_dir`` with ``sft_arm``'s config."""
     from sao import components, run_metrics, train
     from sao.learner.mesh import mesh_from_config
-    cfg = arm_config("sao", seed, overrides)
-    d = sft_dir(runs, seed)
+    cfg = arm_config(sft_arm, seed, overrides)
+    d = sft_dir(runs, seed, sft_arm)
     os.makedirs(d, exist_ok=True)
     with run_metrics.MetricsWriter(d, tensorboard=False) as writer:
         policy = components.make_policy(cfg, cfg.seed, mesh=mesh_from_config(cfg.model.mesh))
@@ -204,14 +215,15 @@ def _run_logged(cmd: list[str], log_path: str) -> int:
             _child = None
 
 
-def ensure_sft(runs: str, seed: int, overrides: list[str]) -> bool:
-    """The seed's SFT (in a child process, as the runs are); True when it exists."""
-    d = sft_dir(runs, seed)
+def ensure_sft(runs: str, seed: int, overrides: list[str], sft_arm: str = DEFAULT_SFT) -> bool:
+    """The seed's SFT of ``sft_arm`` (in a child process, as the runs are); True when it exists."""
+    d = sft_dir(runs, seed, sft_arm)
     if os.path.exists(os.path.join(d, "sft", "result.json")):
         return True
     os.makedirs(d, exist_ok=True)
     rc = _run_logged(_python_cmd("-m", "experiments.repro.sweep", "sft", "--runs", runs,
-                                 "--seed", str(seed), *sum((["--set", o] for o in overrides), [])),
+                                 "--seed", str(seed), "--sft_arm", sft_arm,
+                                 *sum((["--set", o] for o in overrides), [])),
                      os.path.join(d, "driver.log"))
     return rc == 0 and os.path.exists(os.path.join(d, "sft", "result.json"))
 
@@ -223,11 +235,16 @@ def run_one(runs: str, arm: str, seed: int, overrides: list[str], *, max_attempt
         return state
     d = run_dir(runs, arm, seed)
     os.makedirs(d, exist_ok=True)
+    shared = sft_dir(runs, seed, sft_arm_of(arm))
     if not os.path.exists(os.path.join(d, "sft")):
-        shutil.copytree(os.path.join(sft_dir(runs, seed), "sft"), os.path.join(d, "sft"))
+        shutil.copytree(os.path.join(shared, "sft"), os.path.join(d, "sft"))
     attempts = _attempts(d)
+    # One fixed held-out episode set per seed and warm start for every critic (sao.value_eval):
+    # the first arm that scores a critic samples it next to the SFT, the others reuse it.
+    value_set = os.path.join(shared, "value_heldout.bin")
     cmd = _python_cmd("-m", "sao.main", f"--config=experiments/repro/{arm}.py:{seed}",
-                      f"--workdir={d}", *(f"--config.{o}" for o in arm_overrides(arm, seed, overrides)))
+                      f"--workdir={d}", f"--config.eval.value_episodes_file={value_set}",
+                      *(f"--config.{o}" for o in arm_overrides(arm, seed, overrides)))
     git = rec.git_state(REPO)
     t0 = time.monotonic()
     rc = _run_logged(cmd, os.path.join(d, "driver.log"))
@@ -302,7 +319,7 @@ def stop(runs: str, timeout_s: float = 300.0) -> str:
 def plan(arms: list[str], seeds: list[int] | None) -> list[tuple[str, int]]:
     """``(arm, seed)`` in run order, seed-major: ``seeds`` for every arm, or (None) each
     arm's ``base.seeds_of`` its comparison group."""
-    group = {a: g for a, g, _ in ARMS}
+    group = {a: g for a, g, _ in ALL_ARMS}
     every = sorted({s for a in arms for s in (seeds if seeds is not None
                                               else base.seeds_of(group[a]))})
     return [(a, s) for s in every for a in arms
@@ -320,25 +337,34 @@ def _run_locked(runs, arms, seeds, overrides, max_attempts, records) -> dict:
                     rec.record_run(run_dir(runs, arm, seed), rec.record_dir(records, arm, seed))
                 states[(arm, seed)] = "done"
         arms_s = [a for a in arms_s if (a, seed) not in states]
-        if not arms_s or _stopping:
-            continue
-        check_shared_sft(arms_s, seed, overrides)
-        if not ensure_sft(runs, seed, overrides) and not _stopping:
-            print(f"seed {seed}: SFT failed (see {sft_dir(runs, seed)}/driver.log)", flush=True)
-            states.update({(a, seed): run_state(runs, a, seed) for a in arms_s})
-            continue
-        if records is not None:
-            rec.record_sft(sft_dir(runs, seed), records, seed)
-        for arm in arms_s:
+        for sft_arm in dict.fromkeys(sft_arm_of(a) for a in arms_s):   # in run order
             if _stopping:
                 break
-            states[(arm, seed)] = run_one(runs, arm, seed, overrides, max_attempts=max_attempts)
-            if states[(arm, seed)] == "done" and records is not None:
-                rec.record_run(run_dir(runs, arm, seed), rec.record_dir(records, arm, seed))
-            print(f"{time.strftime('%H:%M:%S')} {arm} seed {seed}: {states[(arm, seed)]}", flush=True)
+            _run_seed(runs, seed, sft_arm, [a for a in arms_s if sft_arm_of(a) == sft_arm],
+                      overrides, max_attempts, records, states)
     if _stopping:
         print(f"{time.strftime('%H:%M:%S')} stopped (SIGTERM)", flush=True)
     return states
+
+
+def _run_seed(runs, seed, sft_arm, arms_s, overrides, max_attempts, records, states) -> None:
+    """The arms ``arms_s`` of one seed that share ``sft_arm``'s warm start: SFT, then each."""
+    check_shared_sft(arms_s, seed, overrides, sft_arm)
+    if not ensure_sft(runs, seed, overrides, sft_arm):
+        if not _stopping:
+            print(f"seed {seed}: SFT failed (see {sft_dir(runs, seed, sft_arm)}/driver.log)",
+                  flush=True)
+        states.update({(a, seed): run_state(runs, a, seed) for a in arms_s})
+        return
+    if records is not None:
+        rec.record_sft(sft_dir(runs, seed, sft_arm), records, seed, sft_name(sft_arm))
+    for arm in arms_s:
+        if _stopping:
+            break
+        states[(arm, seed)] = run_one(runs, arm, seed, overrides, max_attempts=max_attempts)
+        if states[(arm, seed)] == "done" and records is not None:
+            rec.record_run(run_dir(runs, arm, seed), rec.record_dir(records, arm, seed))
+        print(f"{time.strftime('%H:%M:%S')} {arm} seed {seed}: {states[(arm, seed)]}", flush=True)
 
 
 def _parse(argv):
@@ -358,13 +384,16 @@ def _parse(argv):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm (repeatable); run.steps=N is N actor updates")
     p.add_argument("--max_attempts", type=int, default=2)
+    p.add_argument("--sft_arm", default=DEFAULT_SFT, help="sft: the arm whose config trains "
+                   "the warm start (experiments.repro.sft_arm_of)")
     p.add_argument("--out", default=os.path.join(REPO, "RESULTS.md"), help="report: markdown file")
     p.add_argument("--plots", default=os.path.join(REPO, "docs"), help="report: PNG directory")
     args = p.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARM_NAMES))
+    known = [a for a, _, _ in ALL_ARMS]
+    unknown = sorted(set(arms + [args.sft_arm]) - set(known))
     if unknown:
-        p.error(f"unknown arms {unknown}; known: {', '.join(ARM_NAMES)}")
+        p.error(f"unknown arms {unknown}; known: {', '.join(known)}")
     bad = [o for o in args.set if "=" not in o]
     if bad:
         p.error(f"--set takes KEY=VALUE, got {bad}")
@@ -379,7 +408,7 @@ def main(argv=None) -> int:
     args, arms, seeds = _parse(sys.argv[1:] if argv is None else argv)
     records = args.records or None
     if args.command == "sft":
-        train_sft(os.path.abspath(args.runs), args.seed, args.set)
+        train_sft(os.path.abspath(args.runs), args.seed, args.set, args.sft_arm)
     elif args.command == "run":
         states = run(args.runs, arms, seeds, args.set, max_attempts=args.max_attempts,
                      records=records, allow_dirty=args.allow_dirty)

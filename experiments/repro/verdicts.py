@@ -66,7 +66,7 @@ def budget_table(runs_by_arm) -> str:
     return "\n".join(rows)
 
 
-def eval_noise(runs_by_arm, arm: str = "sao", ref: str = "grpo") -> str:
+def eval_noise(runs_by_arm, arm: str = "m_sao", ref: str = "m_grpo") -> str:
     """The evaluation's own noise in a paired difference, from the per-prompt solved counts
     of the two arms' final evaluations on the same prompts (same seed): the standard
     error of the mean per-prompt difference, so the pairing (shared prompts) is respected

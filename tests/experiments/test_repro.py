@@ -9,7 +9,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+from experiments.repro import (ARM_NAMES, ROUND_ONE_ARM_NAMES, base, mech, report,  # noqa: E402
+                               results, sweep)
 from experiments.repro import records as rec  # noqa: E402
 from sao import provenance  # noqa: E402
 
@@ -20,14 +21,15 @@ def _cfg(arm, seed=0, overrides=()):
 
 @pytest.fixture(scope="module")
 def configs():
-    return {a: _cfg(a, 1) for a in ARM_NAMES}
+    return {a: _cfg(a, 1) for a in ROUND_ONE_ARM_NAMES}      # round two's: test_repro_mech
 
 
 def test_every_arm_file_is_listed():
     files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
              if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study",
-                                      "claims", "records", "progress", "verdicts"}
-    assert files == set(ARM_NAMES)
+                                      "claims", "records", "progress", "verdicts", "mech",
+                                      "pilot"}
+    assert files == set(ARM_NAMES) | set(ROUND_ONE_ARM_NAMES)
 
 
 def test_arms_share_budget_seed_and_warm_start(configs):
@@ -40,7 +42,7 @@ def test_arms_share_budget_seed_and_warm_start(configs):
                           "task": c.env.task_config.basic_arithmetic.to_dict()}, default=str)
         assert sft in (None, key), arm
         sft = key
-    sweep.check_shared_sft(list(ARM_NAMES), 1, [])
+    sweep.check_shared_sft(list(ROUND_ONE_ARM_NAMES), 1, [])
 
 
 def test_every_arm_gets_the_same_actor_updates_and_charges_its_critic(configs):
@@ -105,7 +107,7 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
     assert "%" not in text.split("## Held-out pass@1")[1].split("### Paired against SAO")[0]
     paired_rows = text.split("### Paired against SAO")[1].split("## Value model")[0].splitlines()
     paired_rows = [r for r in paired_rows if r.startswith("| `")]
-    assert len(paired_rows) == 12 and all(r.endswith("| — | — | — |") for r in paired_rows)
+    assert len(paired_rows) == 7 and all(r.endswith("| — | — | — |") for r in paired_rows)
     assert "Not measured yet" in text
     assert "none recorded; 0 finished run(s) predate" in text
     assert sorted(os.listdir(plots)) == sorted(f"repro_{n}.png" for n in (
@@ -136,9 +138,9 @@ def test_a_resumed_run_that_reached_the_target_counts():
     run = results.Run("sao", 0, "done", {"accuracy_after": 0.7}, rl)
     assert results.time_to(run, 0.6) == 60.0 and results.time_to(run, 0.35) == 30.0
     assert run.timed_evals() == [(0.0, 0.3), (30.0, 0.4), (60.0, 0.7)]
-    table, target = report.wallclock_table({"sao": [run], "grpo_sync": [
-        results.Run("grpo_sync", 0, "done", {"accuracy_after": 0.7}, rl)]})
-    assert target == pytest.approx(0.63) and "| `sao` | 1/1 | 60.000 (n=1) |" in table
+    table, target = report.wallclock_table({"m_sao": [run], "m_grpo_sync": [
+        results.Run("m_grpo_sync", 0, "done", {"accuracy_after": 0.7}, rl)]})
+    assert target == pytest.approx(0.63) and "| `m_sao` | 1/1 | 60.000 (n=1) |" in table
 
 
 def test_paired_differences_and_t_interval():
@@ -161,25 +163,22 @@ def test_paired_differences_and_t_interval():
 
 
 def test_drift_table_recomputes_adaptation_from_the_records():
-    s1, s2 = base.DRIFT_SWITCHES
+    s1, = mech.DRIFT_SWITCHES                      # round two: one switch
 
     def run(seed, rewards):
         rl = [{"step": v + 1, "env/learner_step": v, "rollout/reward": r}
               for v, r in enumerate(rewards)]
-        return results.Run("drift_sao", seed, "done", {"drift": "stale copy, not read"}, rl)
-    # seed 0 is back at full reward 2 versions after the first switch (lag: the version where
-    # the last `window` rewards first average above the level); seed 1 never finds the style
-    # (reward 0 from the switch on: the second switch has nothing to recover)
-    ok = [1.0] * s1 + [0.0, 0.5, 1.0, 1.0, 1.0] + [1.0] * (s2 - s1 - 5) + [1.0] * 10
-    lost = [1.0] * s1 + [0.0] * (s2 - s1 + 10)
-    table = report.drift_table({"drift_sao": [run(0, ok), run(1, lost)]})
-    row = next(r for r in table.splitlines() if r.startswith("| `drift_sao`"))
+        return results.Run("m_drift_sao", seed, "done", {"drift": "stale copy, not read"}, rl)
+    # seed 0 is back at full reward 2 versions after the switch (lag: the version where the
+    # last `window` rewards first average above the level); seed 1 never finds the style
+    ok = [1.0] * s1 + [0.0, 0.5, 1.0, 1.0, 1.0] + [1.0] * 10
+    lost = [1.0] * s1 + [0.0] * 15
+    table = report.drift_table({"m_drift_sao": [run(0, ok), run(1, lost)]})
+    row = next(r for r in table.splitlines() if r.startswith("| `m_drift_sao`"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    window = sweep.arm_config("drift_sao", 0, []).env.drift_recovery_window
+    window = sweep.arm_config("m_drift_sao", 0, []).env.drift_recovery_window
     assert cells[1] == f"{float(2 + window - 1):.3f} (n=1); recovered 1/2"
-    assert cells[2] == (f"{float(window - 1):.3f} (n=1); recovered 1/1; nothing to recover in 1 "
-                        "of 2 seeds (zero reward before the switch)")
-    assert cells[3].startswith("1.000 ± 0.000 (n=2) / ")
+    assert cells[2].startswith("1.000 ± 0.000 (n=2) / ")
 
 
 SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64",

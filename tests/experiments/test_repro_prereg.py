@@ -11,8 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from experiments.repro import (ARM_NAMES, ARMS, base, claims, progress, records as rec,  # noqa: E402
-                               results, sweep, verdicts)
+from experiments.repro import (ARM_NAMES, ARMS, base, claims, mech, progress,  # noqa: E402
+                               records as rec, results, sweep, verdicts)
 
 
 def test_verdict_rule_and_minimum_detectable_effect():
@@ -39,7 +39,7 @@ def test_claims_match_the_preregistration_and_name_real_arms():
         assert {c.arm, c.ref} <= set(ARM_NAMES) and c.endpoint in claims.ENDPOINTS
         assert f"| {c.id} |" in text and f"`{c.arm}` − `{c.ref}`" in text, c.id
     groups = {a: g for a, g, _ in ARMS}
-    for arm in ("sao", "grpo", "grpo_dis", "vapo"):
+    for arm in ("m_sao", "m_grpo", "m_grpo_dis", "m_vapo"):
         assert len(base.seeds_of(groups[arm])) >= 8
     assert base.EVAL_SAMPLES >= 4
 
@@ -140,8 +140,8 @@ def test_eval_noise_is_paired_and_leaves_drift_arms_out():
                "eval/solved_per_prompt": solved}]
         return results.Run(arm, 0, "done", {"eval_samples_per_prompt": 4}, rl)
     a, b = [4, 3, 0, 2, 1, 4], [3, 3, 1, 2, 0, 4]
-    text = verdicts.eval_noise({"sao": [run("sao", a)], "grpo": [run("grpo", b)],
-                                "drift_sao": [run("drift_sao", [0] * 6)]})
+    text = verdicts.eval_noise({"m_sao": [run("m_sao", a)], "m_grpo": [run("m_grpo", b)],
+                                "m_drift_sao": [run("m_drift_sao", [0] * 6)]})
     d = (np.array(a) - np.array(b)) / 4
     se = np.std(d, ddof=1) / np.sqrt(6)
     assert f"standard error of {100 * se:.1f}-{100 * se:.1f} points (1 seed(s))" in text
@@ -154,18 +154,20 @@ def test_verdict_words_in_the_report_come_from_the_rule():
     def run(arm, seed, level):
         rl = [{"step": 0, "eval/accuracy": 0.5}]
         rl += [{"step": v, "learner/policy_version": float(v), "eval/accuracy": level}
-               for v in range(10, base.STEPS + 1, 10)]
+               for v in range(10, n + 1, 10)]
         return results.Run(arm, seed, "done", {"accuracy_after": level}, rl)
+    n = mech.STEPS                                     # the round-two arms' actor updates
+    assert results.actor_updates("m_sao") == n and results.actor_updates("sao") == base.STEPS
     gaps = {"sao": [0.04, 0.05, 0.03, 0.05], "grpo": [0.02, -0.03, 0.01, -0.02]}
-    runs = {"grpo_dis": [run("grpo_dis", s, 0.6) for s in range(4)],
-            "sao": [run("sao", s, 0.6 + g) for s, g in enumerate(gaps["sao"])],
-            "grpo": [run("grpo", s, 0.6 + g) for s, g in enumerate(gaps["grpo"])]}
-    assert runs["sao"][0].auc() == pytest.approx((0.5 * 5 + 0.64 * 35) / 40)
+    runs = {"m_grpo_dis": [run("m_grpo_dis", s, 0.6) for s in range(4)],
+            "m_sao": [run("m_sao", s, 0.6 + g) for s, g in enumerate(gaps["sao"])],
+            "m_grpo": [run("m_grpo", s, 0.6 + g) for s, g in enumerate(gaps["grpo"])]}
+    assert runs["m_sao"][0].auc() == pytest.approx((0.5 * 5 + 0.64 * (n - 5)) / n)
     table = verdicts.verdict_table(runs)
     row = {line.split(".")[0].strip("| "): line for line in table.splitlines()[2:]}
     assert "**supported**" in row["1a"] and "| 4 |" in row["1a"]
     assert "**inconclusive at this n (n = 4)**" in row["1b"]
-    v = results.verdict([-g * 35 / 40 for g in gaps["grpo"]], +1)   # AUC: grpo_dis - grpo
+    v = results.verdict([-g * (n - 5) / n for g in gaps["grpo"]], +1)   # AUC: grpo_dis - grpo
     assert f"{100 * v['mde']:.2f} |" in row["1b"]
     assert "**not measured**" in row["6"]
 
