@@ -3,8 +3,8 @@
 
     python -m sao.main --config=experiments/repro/m_drift_running_mean.py:SEED --workdir=RUNS/m_drift_running_mean/seedSEED
 
-Its SFT differs from the other arms' (``sft.style_mix``): run the drift arms in
-their own runs directory (``sweep run --runs RUNS_DRIFT --arms m_drift_sao,m_drift_running_mean``).
+Its SFT differs from the other arms' (``sft.style_mix``): the sweep trains it once per
+seed for both drift arms (``experiments.repro.SFT_OF``, ``RUNS/_sft_m_drift_sao/seedS``).
 """
 from experiments import online_drift
 from experiments.repro import mech
