@@ -29,7 +29,7 @@ import ml_collections
 from experiments.repro import base
 
 STEPS = 40                    # actor updates per run (non-drift m_ arms; + a critic's warm-up steps)
-ACTOR_LR = 2e-3               # the pilot's setting (docs/repro_pilot.md)
+ACTOR_LR = 6e-4               # between round one (2e-4, nothing collapsed) and the pilot (>= 2e-3: all collapsed); untested, docs/repro_pilot.md
 LATENCY_S = 1.0               # median tool latency, seconds (lognormal, sigma LATENCY_SIGMA)
 LATENCY_SIGMA = 1.5
 LATENCY_MAX_S = 20.0
