@@ -79,8 +79,10 @@ def base() -> ml_collections.ConfigDict:
     r.engine_slots = 64                   # JaxEngine decode slots (continuous batching)
     r.max_len = 32768                     # longest trajectory (tokens), prompt included
     r.temperature = 1.0                   # sampling temperature; the learner uses logits / T too
-    r.top_p = 1.0                         # nucleus sampling (1 = off: log-probs stay unbiased)
+    r.top_p = 1.0                         # nucleus sampling (1 = off); the JAX engine reports truncated log-probs
     r.top_k = 0                           # top-k sampling (0 = off)
+    r.engine_dtype = ""                   # JaxEngine: dtype its weights are served in ("" = the model's;
+                                          # "bfloat16" beside an f32 learner = production's mismatch)
     r.max_new_tokens = 8192               # tokens per engine turn
     r.max_turns = 16                      # policy turns per episode
     r.group_size = 1                      # rollouts per prompt (1 = single rollout; GRPO 8)
@@ -143,6 +145,13 @@ def base() -> ml_collections.ConfigDict:
     e.harness = ""                        # "" native agent loop | "mini-swe-agent" | "reference": a harness
                                           # drives episodes through the worker's endpoint (sao/fleet/endpoint)
     e.harness_timeout_s = 1800.0          # wall seconds of one harness episode (then abandoned, reward 0)
+
+    # Straggling tools (sao.envs.latency): per call a lognormal wall-clock sleep (no CPU) and a
+    # transient failure the policy must retry; seeded by the run seed, prompt and episode.
+    e.tool_latency_median_s = 0.0         # median sleep per tool call, seconds (0 = off)
+    e.tool_latency_sigma = 1.5            # lognormal shape: p99 / median ~ 33x
+    e.tool_latency_max_s = 30.0           # cap per call, seconds
+    e.tool_failure_rate = 0.0             # probability that a call fails without running
     e.drift_schedule = ()                 # online env: learner steps where the rewarded style switches
     e.judge = "rule"                      # online env judge: "rule" | an OpenAI-compatible endpoint URL
     e.drift_recovery_fraction = 0.9       # summary: reward fraction (of the pre-switch level) that counts as adapted
@@ -162,6 +171,7 @@ def base() -> ml_collections.ConfigDict:
     s.warmup_steps = 50                   # linear warm-up steps
     s.num_demos = 20_000                  # demonstrations generated
     s.tool_fraction = 0.3                 # share of demonstrations that call the tool
+    s.style_mix = ""                      # final-answer styles "bare:0.7,sentence:0.15,boxed:0.15" ("" = bare)
     s.task = "basic_arithmetic"           # reasoning-gym task of the demonstrations
     s.seed = 1                            # demonstration seed (disjoint from RL prompt seeds)
     s.max_len = 128                       # padded demonstration length (tokens)
@@ -171,6 +181,12 @@ def base() -> ml_collections.ConfigDict:
     v.every = 50                          # learner steps between held-out evaluations (0 = only before/after)
     v.num_prompts = 512                   # held-out prompts per evaluation (pass@1, one sample each)
     v.temperature = 1.0                   # sampling temperature of evaluation
+    v.align_actor_updates = False         # count `every` in actor updates (skip the critic warm-up)
+    v.samples_per_prompt = 1              # episodes per held-out prompt (pass@1 = mean over all)
+    v.value_episodes = 0                  # critics: fixed held-out episodes scored each evaluation
+                                          # (eval/value_mse, eval/explained_variance; 0 = off)
+    v.value_episodes_file = ""            # where they are kept ("" = <workdir>/value_heldout.bin);
+                                          # arms pointing at one file share one set
     v.where = "auto"                      # "learner" (in-process JaxEngine) | "fleet" (eval leases on the
                                           # workers, never trained on) | "auto" (fleet for SGLang engines)
 

@@ -14,6 +14,7 @@ from sao.fleet.dispatch_config import DispatcherConfig
 from sao.fleet.parity import ParityGate
 from sao.fleet.probe import probe_sequences
 from sao.envs import EpisodeConfig, env_factory, make_task
+from sao.envs.latency import ToolLatency
 from sao.envs.sandbox import SandboxLimits
 from sao.learner.baselines import RunningMeanBaseline
 from sao.learner.config import LearnerConfig
@@ -106,6 +107,16 @@ def make_tasks(cfg) -> dict:
     return tasks
 
 
+def tool_latency(cfg) -> ToolLatency:
+    """``env.tool_latency_*`` / ``env.tool_failure_rate`` as a ``ToolLatency`` seeded by the
+    run seed (off for configs that predate the fields). Raises ValueError on bad values."""
+    e = cfg.env
+    return ToolLatency(median_s=float(e.get("tool_latency_median_s", 0.0)),
+                       sigma=float(e.get("tool_latency_sigma", 1.5)),
+                       max_s=float(e.get("tool_latency_max_s", 30.0)),
+                       failure_rate=float(e.get("tool_failure_rate", 0.0)), seed=int(cfg.seed))
+
+
 def make_env_factory(cfg, tasks: dict, clock=None):
     """``() -> Env``: a ``ToolEnv``, or a ``DriftEnv`` when ``env.drift_schedule`` is set.
 
@@ -117,7 +128,8 @@ def make_env_factory(cfg, tasks: dict, clock=None):
     episode = EpisodeConfig(tool_format=e.tool_format, max_turns=cfg.rollout.max_turns,
                             max_tool_calls=e.max_tool_calls, tool_timeout_s=e.tool_timeout_s,
                             tool_memory_mb=e.tool_memory_mb,
-                            max_observation_chars=e.max_observation_chars)
+                            max_observation_chars=e.max_observation_chars,
+                            latency=tool_latency(cfg))
     make = env_factory(tasks, episode, drift_schedule=tuple(e.drift_schedule), clock=clock,
                        judge=e.judge)
     if e.prompt_style != "question":
@@ -183,7 +195,20 @@ def make_engine(cfg, *, seed: int, sglang_url: str = "", model=None, worker_inde
                                         sglang_url=sglang_url, log_dir=log_dir)
     return JaxEngine(model if model is not None else make_policy(cfg, seed),
                      max_slots=cfg.rollout.engine_slots, max_len=cfg.rollout.max_len, seed=seed,
-                     version=version)
+                     version=version, serve_dtype=engine_dtype(cfg))
+
+
+ENGINE_DTYPES = ("", "float32", "bfloat16", "float16")
+
+
+def engine_dtype(cfg):
+    """``rollout.engine_dtype`` as a dtype name, or None (serve the model's own
+    dtypes; also when the config predates the field). Raises ValueError on
+    a name outside ``ENGINE_DTYPES``."""
+    name = cfg.rollout.get("engine_dtype", "")
+    if name not in ENGINE_DTYPES:
+        raise ValueError(f"rollout.engine_dtype must be one of {ENGINE_DTYPES}, got {name!r}")
+    return name or None
 
 
 def parity_gate(cfg, tokenizer) -> ParityGate | None:

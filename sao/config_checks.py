@@ -15,6 +15,10 @@ from sao import storage
 from sao.models.config import PRESETS
 
 BYTE_PAD_ID = 256   # the byte tokenizer's pad id (sao.models.tokenizer.ByteTokenizer)
+# Policy losses whose importance ratio uses the engine's log-probs (as behaviour policy or
+# as TIS / MIS weights): sao.learner.steps.ROLLOUT_BEHAVIOUR_LOSSES + ROLLOUT_KWARG_LOSSES
+# (tests/test_config_checks.py keeps the two in step; importing them here would load JAX).
+ROLLOUT_RATIO_LOSSES = ("sao_dis", "ppo_clip", "grpo_tis", "grpo_mis")
 
 
 def problems(cfg, *, local_paths: bool = True) -> list[str]:
@@ -23,6 +27,9 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
     Checked: the largest ``learner.length_buckets`` holds ``rollout.max_len`` tokens;
     GRPO (``learner.advantage_estimator="grpo"``) has ``rollout.group_size >= 2``; the
     byte tokenizer pads with id 256; a harness (``env.harness``) evaluates on the fleet;
+    an SGLang engine (its log-probs are those of the
+    untruncated distribution) samples without top-p / top-k when the policy loss takes
+    an importance ratio against the engine's log-probs (``ROLLOUT_RATIO_LOSSES``);
     ``model.preset`` is known when no ``model.init`` is
     given; with ``local_paths`` a local ``model.init`` exists on this machine (the
     launchers check configs for other machines and pass False).
@@ -37,6 +44,15 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
     if cfg.model.tokenizer == "byte" and cfg.learner.pad_id != BYTE_PAD_ID:
         out.append(f"model.tokenizer='byte' pads with id {BYTE_PAD_ID}; learner.pad_id is "
                    f"{cfg.learner.pad_id}")
+    r = cfg.rollout
+    if (r.engine == "sglang" and (r.top_p < 1.0 or r.top_k > 0)
+            and cfg.learner.policy_loss in ROLLOUT_RATIO_LOSSES):
+        out.append(f"rollout.engine='sglang' reports log-probs of the untruncated distribution, "
+                   f"but rollout.top_p={r.top_p} / top_k={r.top_k} truncate what it samples: "
+                   f"learner.policy_loss={cfg.learner.policy_loss!r} takes its importance ratio "
+                   "against those log-probs, which would be biased; set rollout.top_p=1.0 and "
+                   "rollout.top_k=0, or use rollout.engine='jax' (it reports the log-probs of "
+                   "the truncated distribution)")
     if not cfg.model.init and cfg.model.preset not in PRESETS:
         out.append(f"unknown model.preset {cfg.model.preset!r}; known: {', '.join(PRESETS)}")
     if cfg.env.get("harness") and cfg.eval.where != "fleet":

@@ -31,13 +31,18 @@ from sao.types import Trajectory, metadata_number
 
 
 def pass_at_1(trajs: Sequence[Trajectory]) -> dict[str, float]:
-    """Held-out metrics: pass@1 (one sample per prompt, reward 1 = solved), tool-use rate, length.
+    """Held-out metrics: pass@1 (mean over samples, reward 1 = solved), tool-use rate, length,
+    and ``eval/solved_per_prompt``: solved samples per ``prompt_id`` (order of first
+    appearance; what a paired comparison of two policies on the same prompts needs).
 
     Raises ValueError on no trajectories.
     """
     if not trajs:
         raise ValueError("no evaluation trajectories")
-    return {"eval/accuracy": float(np.mean([t.reward >= 1.0 for t in trajs])),
+    solved: dict[str, int] = {}
+    for t in trajs:                                  # per prompt, in order of first appearance
+        solved[t.prompt_id] = solved.get(t.prompt_id, 0) + int(t.reward >= 1.0)
+    return {"eval/solved_per_prompt": list(solved.values()),"eval/accuracy": float(np.mean([t.reward >= 1.0 for t in trajs])),
             "eval/reward": float(np.mean([t.reward for t in trajs])),
             "eval/tool_use": float(np.mean([metadata_number(t.metadata, "num_tool_calls") > 0
                                             for t in trajs])),

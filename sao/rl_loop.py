@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from sao import timing
+from sao.fleet import staleness
 from sao.learner.batch import make_train_batch
 from sao.rpc import codec
 from sao.types import Trajectory, metadata_number
@@ -42,7 +43,11 @@ class LoopConfig:
     Attributes:
       steps: total learner steps; ``push_every``: publish + push every N actor
       updates; ``eval_every`` / ``checkpoint_every``: in learner steps (0 =
-      never); ``batch_timeout_s``: give up when the fleet stalls this long.
+      never); ``eval_offset``: learner steps before evaluations start counting
+      (the critic warm-up, so that arms evaluate at equal actor updates:
+      evaluation after step ``s`` when ``s - eval_offset`` is a positive
+      multiple of ``eval_every``); ``batch_timeout_s``: give up when the fleet
+      stalls this long.
     """
 
     steps: int
@@ -50,6 +55,7 @@ class LoopConfig:
     eval_every: int = 0
     checkpoint_every: int = 0
     batch_timeout_s: float | None = None
+    eval_offset: int = 0
 
 
 def _no_metrics(*args) -> dict:
@@ -91,80 +97,178 @@ class LoopHooks:
 
 
 class GroupBatcher:
-    """GRPO batches: whole groups (``group_size`` rollouts of one prompt in one epoch).
+    """GRPO batches: whole groups (``group_size`` rollouts of one prompt), each under the staleness bound.
 
     ``GroupBatcher(source.get_batch, ...)`` is a ``LoopHooks.next_batch``.
-    Trajectories are held until their group ``(prompt_id, epoch)`` is
-    complete, then served ``batch_size // group_size`` groups at a time, so
-    ``make_train_batch`` gives a group one ``group_ids`` value. A group that
-    lost a member (dropped as stale) never completes and is discarded after
-    ``max_pending`` newer groups start; ``metrics()`` counts such groups and
-    their rows. ``state_dict`` / ``load_state_dict`` carry the held rows
-    across a checkpoint (the dispatcher's state holds the rest of each group:
-    buffered, in flight, or not yet issued). Raises ValueError unless
-    ``group_size`` >= 2 divides ``batch_size``.
+    Trajectories are held until their group is complete, then served
+    ``batch_size // group_size`` groups at a time, so ``make_train_batch``
+    gives a group one ``group_ids`` value. A group is keyed
+    ``(prompt_id, epoch, group // group_size)``: the last part is the
+    attempt (``sao.data.prompts.PromptStream.resample`` numbers the members
+    of a re-sampled group ``attempt * group_size + j``).
+
+    With ``version`` and ``tau`` (what ``sao.train.reinforce`` passes: the
+    dispatcher's learner version and ``rollout.tau``) a group is a unit under
+    the staleness bound: it is served only if every member's lag
+    (``sao.fleet.staleness.lag``) is <= ``tau`` at batch time, and a group
+    with a member beyond ``tau`` is dropped whole as soon as that is seen
+    (lags only grow). This also ends a group that lost a member in the
+    dispatcher (stale, invalid, failed: any reason): its held members pass
+    ``tau`` within ``tau + 1`` versions. Members of a dropped group that
+    arrive later are dropped on arrival (``groups/late_rows``). A dropped
+    group's prompt is issued again as a fresh group through ``resample(prompt_id,
+    epoch, attempt) -> bool`` (``PromptStream.resample``) until it has had
+    ``max_attempts`` attempts (then ``groups/abandoned``). Without ``version``
+    no lag is checked, and an incomplete group is only discarded after
+    ``max_pending`` newer groups start (a safety bound in both modes).
+
+    Every received row has one outcome: ``groups/rows_in = rows_served +
+    dropped_rows + late_rows + held`` (``metrics``), and every dropped group
+    is ``resampled`` or ``abandoned``. ``state_dict`` / ``load_state_dict``
+    carry the held rows, the dropped keys and the counts across a checkpoint
+    (the dispatcher's state holds the rest of each group: buffered, in
+    flight, or not yet issued, with the prompt stream's re-sample queue).
+    Raises ValueError unless ``group_size`` >= 2 divides ``batch_size``, or
+    ``tau`` is missing (or < 0) when ``version`` is given.
     """
 
+    COUNTERS = ("dropped_groups", "dropped_rows", "dropped_stale", "dropped_evicted", "late_rows",
+                "resampled", "abandoned", "rows_in", "rows_served")
+
     def __init__(self, get_batch: Callable[[float | None], list[Trajectory]], *, group_size: int,
-                 batch_size: int, max_pending: int = 1024):
+                 batch_size: int, max_pending: int = 1024, version: Callable[[], int] | None = None,
+                 tau: int | None = None,
+                 resample: Callable[[str, int, int], bool] | None = None, max_attempts: int = 3):
         if group_size < 2 or batch_size % group_size:
             raise ValueError(f"group_size {group_size} must be >= 2 and divide batch_size {batch_size}")
+        if version is not None and (tau is None or tau < 0):
+            raise ValueError(f"a staleness check needs tau >= 0, got {tau}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
         self.get_batch, self.group_size = get_batch, group_size
         self.groups_per_batch, self.max_pending = batch_size // group_size, max_pending
-        self._pending: collections.OrderedDict[tuple[str, int], list] = collections.OrderedDict()
+        self.version, self.tau, self.resample, self.max_attempts = version, tau, resample, max_attempts
+        self._pending: collections.OrderedDict[tuple, list] = collections.OrderedDict()
         self._ready: collections.deque[list] = collections.deque()
-        self.dropped_groups = self.dropped_rows = 0
+        self._dead: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self.counts = dict.fromkeys(self.COUNTERS, 0)
+
+    # Backward-compatible names of the first two counters.
+    @property
+    def dropped_groups(self) -> int:
+        return self.counts["dropped_groups"]
+
+    @property
+    def dropped_rows(self) -> int:
+        return self.counts["dropped_rows"]
+
+    def key(self, t: Trajectory) -> tuple[str, int, int]:
+        """``(prompt_id, epoch, attempt)`` of a row's group."""
+        return t.prompt_id, int(t.epoch), int(t.group) // self.group_size
 
     def __call__(self, timeout: float | None = None) -> list[Trajectory]:
-        while len(self._ready) < self.groups_per_batch:
+        while True:
+            self._drop_stale()
+            if len(self._ready) >= self.groups_per_batch:
+                break
             trajs = self.get_batch(timeout)
             if not trajs:
                 return []
             for t in trajs:
-                key = (t.prompt_id, t.epoch)
+                self.counts["rows_in"] += 1
+                key = self.key(t)
+                if key in self._dead:
+                    self.counts["late_rows"] += 1
+                    continue
                 members = self._pending.setdefault(key, [])
                 members.append(t)
                 if len(members) == self.group_size:
                     self._ready.append(self._pending.pop(key))
             while len(self._pending) > self.max_pending:
-                _, members = self._pending.popitem(last=False)
-                self.dropped_groups += 1
-                self.dropped_rows += len(members)
-        return [t for _ in range(self.groups_per_batch) for t in self._ready.popleft()]
+                key, members = self._pending.popitem(last=False)
+                self._drop(key, members, "dropped_evicted")
+        out = [t for _ in range(self.groups_per_batch) for t in self._ready.popleft()]
+        self.counts["rows_served"] += len(out)
+        return out
+
+    def _drop_stale(self) -> None:
+        """Drops, whole, every held group with a member beyond ``tau`` now."""
+        if self.version is None:
+            return
+        v = int(self.version())
+
+        def stale(members):
+            return any(staleness.is_stale(t, v, self.tau) for t in members)
+        for key in [k for k, m in self._pending.items() if stale(m)]:
+            self._drop(key, self._pending.pop(key), "dropped_stale")
+        keep = collections.deque()
+        for members in self._ready:
+            if stale(members):
+                self._drop(self.key(members[0]), members, "dropped_stale")
+            else:
+                keep.append(members)
+        self._ready = keep
+
+    def _drop(self, key: tuple, members: list, reason: str) -> None:
+        c = self.counts
+        c["dropped_groups"] += 1
+        c["dropped_rows"] += len(members)
+        c[reason] += 1
+        self._dead[key] = None
+        while len(self._dead) > 4 * self.max_pending:
+            self._dead.popitem(last=False)
+        prompt_id, epoch, attempt = key
+        if (self.resample is not None and attempt + 1 < self.max_attempts
+                and self.resample(prompt_id, epoch, attempt + 1)):
+            c["resampled"] += 1
+        else:
+            c["abandoned"] += 1
+
+    def held_rows(self) -> int:
+        return sum(map(len, self._pending.values())) + sum(map(len, self._ready))
 
     def metrics(self) -> dict[str, int]:
-        """``groups/dropped`` (discarded incomplete groups) and their rows
-        ``groups/dropped_rows``, cumulative over resumes; groups held now,
-        incomplete (``groups/pending``) and complete (``groups/ready``)."""
-        return {"groups/dropped": self.dropped_groups, "groups/dropped_rows": self.dropped_rows,
-                "groups/pending": len(self._pending), "groups/ready": len(self._ready)}
+        """Cumulative over resumes: ``groups/dropped`` (groups dropped whole) and their rows
+        ``groups/dropped_rows``, of which ``groups/dropped_stale`` (a member beyond tau) and
+        ``groups/dropped_evicted`` (incomplete after ``max_pending`` newer groups);
+        ``groups/late_rows`` (rows of an already dropped group), ``groups/resampled`` /
+        ``groups/abandoned`` (what became of each dropped group's prompt), ``groups/rows_in``
+        and ``groups/rows_served``; held now: ``groups/pending`` (incomplete groups),
+        ``groups/ready`` (complete ones) and ``groups/held_rows``."""
+        c = self.counts
+        return {"groups/dropped": c["dropped_groups"], "groups/dropped_rows": c["dropped_rows"],
+                **{f"groups/{k}": c[k] for k in self.COUNTERS[2:]},
+                "groups/pending": len(self._pending), "groups/ready": len(self._ready),
+                "groups/held_rows": self.held_rows()}
 
     def state_dict(self) -> dict:
-        """JSON-able: held rows (codec bytes, base64) by group, oldest first, and the drop counts."""
+        """JSON-able: held rows (codec bytes, base64) by group, oldest first, the keys of
+        dropped groups and the counts."""
         def enc(members: list[Trajectory]) -> list[str]:
             return [base64.b64encode(codec.encode(t)).decode() for t in members]
         return {"pending": [enc(m) for m in self._pending.values()],
                 "ready": [enc(m) for m in self._ready],
-                "dropped_groups": self.dropped_groups, "dropped_rows": self.dropped_rows}
+                "dead": [list(k) for k in self._dead], **self.counts}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores ``state_dict()`` output. Raises ValueError on a group of
-        more than ``group_size`` rows, a ready group of another size, or rows
-        of different groups together (and ``codec.CodecError`` on bad bytes)."""
+        """Restores ``state_dict()`` output (older states without the newer counts too).
+        Raises ValueError on a group of more than ``group_size`` rows, a ready group of
+        another size, or rows of different groups together (and ``codec.CodecError``
+        on bad bytes)."""
         def dec(members: list[str]) -> list[Trajectory]:
             trajs = [codec.decode(base64.b64decode(b)) for b in members]
-            if not trajs or len(trajs) > self.group_size or len(
-                    {(t.prompt_id, t.epoch) for t in trajs}) != 1:
+            if not trajs or len(trajs) > self.group_size or len({self.key(t) for t in trajs}) != 1:
                 raise ValueError(f"a saved group must hold 1..{self.group_size} rows of one group")
             return trajs
         pending = [dec(m) for m in state.get("pending", [])]
         ready = [dec(m) for m in state.get("ready", [])]
         if any(len(g) != self.group_size for g in ready):
             raise ValueError(f"a ready group must hold {self.group_size} rows")
-        self._pending = collections.OrderedDict(((g[0].prompt_id, g[0].epoch), g) for g in pending)
+        self._pending = collections.OrderedDict((self.key(g[0]), g) for g in pending)
         self._ready = collections.deque(ready)
-        self.dropped_groups = int(state.get("dropped_groups", 0))
-        self.dropped_rows = int(state.get("dropped_rows", 0))
+        self._dead = collections.OrderedDict(
+            ((str(k[0]), int(k[1]), int(k[2])), None) for k in state.get("dead", []))
+        self.counts = {k: int(state.get(k, 0)) for k in self.COUNTERS}
 
 
 def batch_metrics(trajs: Sequence[Trajectory], learner_version: int) -> dict[str, Any]:
@@ -240,7 +344,8 @@ def train(learner, states, source: TrajectorySource, *, loop: LoopConfig, start_
             snap = source.snapshot()
         metrics.update({f"fleet/{k}": v for k, v in _scalars(snap).items()})
         metrics.update({f"fleet/drops/{k}": v for k, v in _scalars(snap.get("drops", {})).items()})
-        if loop.eval_every and (step + 1) % loop.eval_every == 0 and step + 1 < loop.steps:
+        since = step + 1 - loop.eval_offset
+        if loop.eval_every and since > 0 and since % loop.eval_every == 0 and step + 1 < loop.steps:
             with lap.part("eval"):
                 metrics.update(hooks.evaluate(states, step + 1))
         checkpoint_due = loop.checkpoint_every and (step + 1) % loop.checkpoint_every == 0

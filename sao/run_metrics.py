@@ -211,6 +211,36 @@ def staleness_histogram(workdir: str) -> np.ndarray:
     return total
 
 
+def budget(workdir: str, *, batch_size: int, steps: int, policy_version: int,
+           fleet: Mapping[str, Any]) -> dict[str, int]:
+    """What a run spent, in trajectories, cumulative over resumes (``summary.json``'s
+    ``budget``; docs/learner.md, "Budget").
+
+    ``actor_updates`` (= the policy version), ``actor_trajectories`` (rows of the steps
+    that updated the actor), ``critic_only_trajectories`` (rows of critic warm-up steps),
+    ``trained`` (all rows of the ``steps`` learner steps of ``batch_size``),
+    ``pretraining`` (value-pretraining samples, from the run's ``value_pretrain`` record),
+    ``dropped`` (``fleet["dropped"]``, the dispatcher's, plus ``dropped_groups_rows``:
+    GRPO rows dropped with their group, from the last RL record's ``groups/...``) and
+    ``generated`` (every trajectory sampled for training that came back: trained +
+    dropped + pretraining).
+    """
+    rows, actor = steps * batch_size, int(policy_version) * batch_size
+    pre, groups = 0, {}
+    if storage.exists(storage.join(workdir, METRICS_FILE)):
+        for r in read_metrics(workdir):
+            if r.get("phase") == "value_pretrain" and "value_pretrain/trajectories" in r:
+                pre = int(r["value_pretrain/trajectories"])
+            if r.get("phase", "rl") == "rl" and "groups/dropped_rows" in r:
+                groups = r
+    group_rows = int(groups.get("groups/dropped_rows", 0)) + int(groups.get("groups/late_rows", 0))
+    dropped = int(fleet.get("dropped", 0)) + group_rows
+    return {"actor_updates": int(policy_version), "actor_trajectories": actor,
+            "critic_only_trajectories": rows - actor, "trained": rows, "pretraining": pre,
+            "dropped": dropped, "dropped_groups_rows": group_rows,
+            "generated": rows + dropped + pre}
+
+
 def write_json(path: str, obj: Any) -> None:
     """Writes ``obj`` as JSON to ``path`` (local or ``gs://``) atomically
     (``sao.storage.write_text``).
@@ -296,3 +326,24 @@ class Progress:
     def log(self, text: str) -> None:
         if self._enabled:
             self._bar.console.print(text)
+
+
+def run_summary(workdir: str, *, before: dict, after: dict, fleet: dict, eval_prompts: int,
+                steps: int, samples_per_prompt: int, batch_size: int, policy_version: int) -> dict:
+    """The core of a finished run's ``summary.json``: held-out accuracy and tool use before and
+    after RL (``before`` / ``after``: evaluation records), the fleet's counts (``fleet``: the
+    dispatcher's snapshot: ``trained``, ``dropped``, ``drops`` by reason, ``quarantined``),
+    updates voided by a non-finite gradient over every resume (from ``workdir``'s records)
+    and the run's ``budget``."""
+    return {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
+            "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
+            "steps": steps, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
+            "drops": dict(fleet.get("drops", {})),               # by reason
+            "quarantined": fleet.get("quarantined", 0),
+            "learner_nonfinite_skips": int(sum(                  # updates voided, all resumes
+                r.get("learner/nonfinite_skips", 0) for r in read_metrics(workdir)
+                if r.get("phase", "rl") == "rl")),
+            "eval_prompts": eval_prompts, "eval_samples_per_prompt": samples_per_prompt,
+            "policy_version": policy_version,
+            "budget": budget(workdir, batch_size=batch_size, steps=steps,
+                             policy_version=policy_version, fleet=fleet)}

@@ -58,15 +58,16 @@ import time
 from typing import Callable
 
 import jax
-import numpy as np
 from rich.console import Console
 
 from sao import (ckpt, components, multihost, provenance, rl_loop, run_metrics, sft, storage,
                  timing, workers)
 from sao.data import demonstrations
 from sao.data.prompts import PromptStream, prompt_iterator, split_records
+from sao.envs import facts as env_facts
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
+from sao.fleet import lag_sources
 from sao.fleet.dispatcher import Dispatcher
 from sao.fleet.probe import ReferencePublisher
 from sao.fleet.replay import ReplaySource, ReplayWriter
@@ -74,7 +75,7 @@ from sao.learner.batch import make_train_batch
 from sao.learner.learner import Learner
 from sao.learner.mesh import maybe_initialize_distributed, mesh_from_config
 from sao.lead_sampling import LeadSampling
-from sao.types import metadata_error
+from sao.value_eval import make_value_eval
 
 EVAL_BEFORE_FILE = "eval_before.json"
 REPLAY_FILE = "replay.bin"
@@ -151,9 +152,14 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
 
         sampler = LeadSampling(sampler, in_process=not on_fleet, publish=publish)
 
+        value_eval = make_value_eval(cfg, learner, sampler, heldout, workdir, log)
+
         def evaluate(states, step: int) -> dict:
-            m = sampler.pass_at_1(states, heldout, temperature=cfg.eval.temperature)
+            k = cfg.eval.samples_per_prompt                 # each held-out prompt k times
+            m = sampler.pass_at_1(states, [p for p in heldout for _ in range(k)],
+                                  temperature=cfg.eval.temperature)
             if m:                                          # the lead's metrics
+                m.update(value_eval(states))               # critics on one fixed episode set
                 log(f"step {step}: held-out pass@1 {100 * m['eval/accuracy']:.1f}%, "
                     f"tool use {100 * m['eval/tool_use']:.1f}%")
             return m
@@ -201,17 +207,16 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     if not lead:
         return {"process_index": jax.process_index(), "steps": steps_done,
                 "policy_version": states.policy_version}
-    summary = {"accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
-               "tool_use_before": before["eval/tool_use"], "tool_use_after": after["eval/tool_use"],
-               "steps": steps_done, "trajectories": fleet["trained"], "dropped": fleet["dropped"],
-               "drops": dict(fleet.get("drops", {})),               # by reason
-               "quarantined": fleet.get("quarantined", 0),
-               "learner_nonfinite_skips": int(sum(                  # updates voided, all resumes
-                   r.get("learner/nonfinite_skips", 0) for r in run_metrics.read_metrics(workdir)
-                   if r.get("phase", "rl") == "rl")),
-               "eval_prompts": len(heldout), "policy_version": states.policy_version}
+    summary = run_metrics.run_summary(workdir, before=before, after=after, fleet=fleet,
+                                      eval_prompts=len(heldout), steps=steps_done,
+                                      samples_per_prompt=cfg.eval.samples_per_prompt,
+                                      batch_size=cfg.learner.batch_size,
+                                      policy_version=states.policy_version)
     if cfg.env.drift_schedule:                              # online env: adaptation per switch
-        summary["drift"] = drift_adaptation(cfg, workdir)
+        summary["drift"] = drift_summary(
+            [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"],
+            tuple(cfg.env.drift_schedule), recovery_fraction=cfg.env.drift_recovery_fraction,
+            window=cfg.env.drift_recovery_window)
         log(f"drift: adaptation lag per switch {summary['drift']['adaptation_lag']} "
             f"(policy versions), reward per phase {summary['drift']['phase_reward']}")
     wall_s = time.perf_counter() - t0
@@ -224,6 +229,11 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
     console.print(run_metrics.summary_table(summary))
     console.print(timing.table(summary))
     return summary
+
+
+def critic_only_steps(cfg, learner_cfg) -> int:
+    """Learner steps that update the critic alone (``critic.critic_warmup_steps`` with a critic)."""
+    return int(learner_cfg.critic_warmup_steps) if learner_cfg.uses_critic else 0
 
 
 def split_prompts(cfg, tasks: dict) -> tuple[list[dict], list[dict]]:
@@ -257,7 +267,8 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,
-                task_kwargs=conf.to_dict() if conf is not None else {})
+                task_kwargs=conf.to_dict() if conf is not None else {},
+                style_mix=demonstrations.parse_style_mix(s.get("style_mix", "")))
         return demonstrations.tokenize_demonstrations(demos, tokenizer, max_len=s.max_len)
 
     log(f"SFT warm start: {s.steps} steps on " + (f"the scripted fixes of {s.task}" if
@@ -287,7 +298,9 @@ def value_pretrain(cfg, learner, states, sampler: Sampler, train_records: list[d
                                     pad_id=lc.pad_id) for i in range(0, len(trajs), B)]
         states, res = learner.value_pretrain(states, batches)
     for i, ev in enumerate(res["history"]):
-        writer.write(i, {"value_pretrain/explained_variance": ev}, phase="value_pretrain")
+        writer.write(i, {"value_pretrain/explained_variance": ev,
+                         **({"value_pretrain/trajectories": len(trajs)} if i == 0 else {})},
+                     phase="value_pretrain")
     log(f"value pretraining: {res['steps']} critic steps on {len(trajs)} trajectories, "
         f"explained variance {res['explained_variance']:.3f}")
     return states
@@ -324,15 +337,18 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
         # The dispatcher's state holds the stream's position (with the rest of a GRPO group);
         # "prompts" is where checkpoints written before kept the position alone.
         stream = PromptStream(prompt_iterator(train_records, seed=cfg.data.shuffle_seed,
-                                              state=data_state.get("prompts")), cfg.rollout.group_size)
+                                              state=data_state.get("prompts")), cfg.rollout.group_size,
+                              records=train_records)    # a dropped GRPO group is issued again
         source = dispatcher = Dispatcher(addresses, stream, dataclasses.replace(
             components.dispatcher_config(cfg, learner, tokenizer, security,
                                          initial_version=states.policy_version), parity=parity))
         if data_state.get("dispatcher"):
             dispatcher.load_state_dict(data_state["dispatcher"])
         group_size = cfg.rollout.group_size
-        groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch
-            dispatcher.get_batch, group_size=group_size, batch_size=cfg.learner.batch_size)
+        groups = None if group_size == 1 else rl_loop.GroupBatcher(   # GRPO: whole groups per batch,
+            dispatcher.get_batch, group_size=group_size,             # each within tau at batch time
+            batch_size=cfg.learner.batch_size, version=lambda: dispatcher.learner_version,
+            tau=cfg.rollout.tau, resample=stream.resample)
         if groups is not None and data_state.get("groups"):
             groups.load_state_dict(data_state["groups"])
     next_batch = groups
@@ -353,11 +369,16 @@ def reinforce(cfg, learner, states, addresses: list[str], train_records: list[di
                 "baseline": baseline.state_dict() if baseline is not None else None})
 
         def batch_metrics(trajs) -> dict:
-            return {**env_metrics(trajs), **(groups.metrics() if groups is not None else {})}
+            lag = ({} if dispatcher is None
+                   else lag_sources.lag_source_metrics(trajs, dispatcher.learner_version))
+            return {**env_facts.env_metrics(trajs), **lag,
+                    **(groups.metrics() if groups is not None else {})}
 
         loop = rl_loop.LoopConfig(steps=cfg.run.steps, push_every=cfg.rollout.push_every,
                                   eval_every=cfg.eval.every, checkpoint_every=cfg.checkpoint.every,
-                                  batch_timeout_s=cfg.run.batch_timeout_s)
+                                  batch_timeout_s=cfg.run.batch_timeout_s,
+                                  eval_offset=critic_only_steps(cfg, learner.cfg)
+                                  if cfg.eval.align_actor_updates else 0)
         if dispatcher is not None:
             stack.enter_context(dispatcher)
             stack.enter_context(sampler.using(dispatcher))
@@ -398,30 +419,6 @@ def save(checkpointer, states, step: int, *, data_state) -> None:
     checkpointer.save(step, train_state=states, policy_version=states.policy_version,
                       data_state=data_state, extra={}, force=True)
     checkpointer.wait()
-
-
-def env_metrics(trajs) -> dict:
-    """``env/...`` means of the drift env's trajectory metadata (``{}`` without a drift env).
-
-    Reads only rows whose drift keys pass ``sao.types.metadata_error`` (the
-    dispatcher drops the others on arrival), so it never raises on worker data."""
-    drift = [t.metadata for t in trajs if isinstance(t.metadata, dict) and "phase" in t.metadata
-             and metadata_error(t.metadata) is None]
-    if not drift:
-        return {}
-    return {"env/learner_step": float(max(m["learner_step"] for m in drift)),
-            "env/phase": float(max(m["phase"] for m in drift)),
-            "env/phase_mean": float(np.mean([m["phase"] for m in drift])),
-            "env/quality": float(np.mean([m["quality"] for m in drift])),
-            "env/style_ok": float(np.mean([m["style_ok"] for m in drift]))}
-
-
-def drift_adaptation(cfg, workdir: str) -> dict:
-    """``sao.envs.drift.drift_summary`` of the run's RL records (``env.drift_schedule`` switches)."""
-    rl = [r for r in run_metrics.read_metrics(workdir) if r["phase"] == "rl"]
-    return drift_summary(rl, tuple(cfg.env.drift_schedule),
-                         recovery_fraction=cfg.env.drift_recovery_fraction,
-                         window=cfg.env.drift_recovery_window)
 
 
 def finished_summary(cfg, workdir: str) -> dict | None:

@@ -26,7 +26,7 @@ MAX_TIMING_S = 1e7
 _COUNT = ("count", 0, 10**6)     # an int (not a bool) in [0, 10**6]
 _FRACTION = ("number", 0.0, 1.0)  # an int, float or bool in [0, 1]
 # Every metadata key the learner reads (sao.rl_loop.batch_metrics,
-# sao.evaluation.pass_at_1, sao.train.env_metrics) and the agent loop writes,
+# sao.evaluation.pass_at_1, sao.envs.facts.env_metrics) and the agent loop writes,
 # with its type and range; other keys pass unread. A key of DRIFT_KEYS present
 # needs all of them (the drift env writes them together).
 METADATA_SCHEMA: dict[str, tuple] = {

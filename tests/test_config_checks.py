@@ -33,6 +33,10 @@ def test_the_shipped_quickstart_has_no_problem():
     (dict(learner__pad_id=0), "pads with id 256; learner.pad_id is 0"),
     (dict(model__preset="tiny-typo"), "unknown model.preset 'tiny-typo'"),
     (dict(model__init="/nonexistent/model.gguf"), "model.init /nonexistent/model.gguf: no such"),
+    # SGLang's log-probs are untruncated: a ratio against them under top-p / top-k is biased.
+    (dict(rollout__engine="sglang", rollout__top_p=0.9), "rollout.engine='sglang' reports"),
+    (dict(rollout__engine="sglang", rollout__top_k=20, learner__policy_loss="ppo_clip"),
+     "learner.policy_loss='ppo_clip' takes its importance ratio"),
 ])
 def test_each_inconsistency_is_named(overrides, reason):
     cfg = quickstart(**overrides)
@@ -68,3 +72,19 @@ def test_main_names_a_misspelt_field_or_a_missing_config_file_without_a_tracebac
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "No such file or directory: 'experiments/quickstat.py'" in proc.stderr
     assert not workdir.exists()
+
+
+def test_sglang_without_truncation_or_with_the_jax_engine_is_accepted():
+    # The JAX engine reports the truncated distribution's log-probs (tests/models); SGLang
+    # untruncated is unbiased; a loss without an engine ratio (gspo) does not care.
+    for overrides in (dict(rollout__engine="jax", rollout__top_p=0.9, rollout__top_k=20),
+                      dict(rollout__engine="sglang"),
+                      dict(rollout__engine="sglang", rollout__top_p=0.9,
+                           learner__policy_loss="gspo")):
+        assert not [p for p in config_checks.problems(quickstart(**overrides)) if "sglang" in p]
+
+
+def test_ratio_losses_list_matches_the_learner():
+    from sao.learner import steps
+    assert set(config_checks.ROLLOUT_RATIO_LOSSES) == set(
+        steps.ROLLOUT_BEHAVIOUR_LOSSES + steps.ROLLOUT_KWARG_LOSSES)

@@ -14,3 +14,12 @@ def test_pass_at_1():
     assert evaluation.pass_at_1(trajs)["eval/tool_timeouts"] == 0.5
     with pytest.raises(ValueError):
         evaluation.pass_at_1([])
+
+
+def test_pass_at_1_over_several_samples_per_prompt_keeps_each_prompts_count():
+    # 2 prompts x 4 samples (what eval.samples_per_prompt=4 sends): the mean over all 8, and
+    # the solved count of each prompt, which a paired comparison of two arms needs.
+    trajs = [traj(p, r) for p, r in [("a", 1.0), ("b", 0.0), ("a", 1.0), ("b", 1.0),
+                                     ("a", 0.0), ("b", 0.0), ("a", 1.0), ("b", 0.0)]]
+    e = evaluation.pass_at_1(trajs)
+    assert e["eval/accuracy"] == 0.5 and e["eval/solved_per_prompt"] == [3, 1]

@@ -157,3 +157,16 @@ def test_a_step_is_recorded_before_its_checkpoint():
     assert set(records[2][1]) <= {k for k in records[2][1] if k.startswith("time/")}
     assert records[2][1]["time/checkpoint_s"] >= 0.02
     assert records[2][1]["time/step_s"] >= records[1][1]["time/step_s"] + 0.02
+
+
+def test_eval_offset_evaluates_at_equal_actor_updates():
+    # A critic warm-up of 2 steps: evaluations after learner steps 12 and 22 (10 and 20 actor
+    # updates), none at 10 / 20, and none at the last step (the run's final evaluation).
+    src = FakeSource([[traj(f"p{i}")] * 4 for i in range(30)])
+    learner, evals = FakeLearner(), []
+    hooks = rl_loop.LoopHooks(publish=lambda s, v: "uri", evaluate=lambda s, step: evals.append(step)
+                              or {})
+    rl_loop.train(learner, types.SimpleNamespace(policy_version=0), src,
+                  loop=rl_loop.LoopConfig(steps=32, eval_every=10, eval_offset=2), start_step=0,
+                  hooks=hooks)
+    assert evals == [12, 22]

@@ -63,3 +63,18 @@ def test_summary_file_and_table(tmp_path):
     console.print(run_metrics.summary_table(summary))
     text = console.export_text()
     assert "20.0%" in text and "70.0%" in text and "95.0%" in text and "1280" in text
+
+
+def test_budget_charges_warm_up_pretraining_and_group_drops(tmp_path):
+    # 12 learner steps of 8, 2 of them critic warm-up (policy version 10), 16 value-pretraining
+    # samples, 3 fleet drops and 5 + 1 GRPO rows dropped with their groups.
+    from sao.run_metrics import MetricsWriter, budget
+    with MetricsWriter(str(tmp_path), tensorboard=False) as w:
+        w.write(0, {"value_pretrain/explained_variance": 0.1, "value_pretrain/trajectories": 16},
+                phase="value_pretrain")
+        w.write(11, {"groups/dropped_rows": 2, "groups/late_rows": 0})
+        w.write(12, {"groups/dropped_rows": 5, "groups/late_rows": 1})
+    b = budget(str(tmp_path), batch_size=8, steps=12, policy_version=10, fleet={"dropped": 3})
+    assert b == {"actor_updates": 10, "actor_trajectories": 80, "critic_only_trajectories": 16,
+                 "trained": 96, "pretraining": 16, "dropped": 9, "dropped_groups_rows": 6,
+                 "generated": 121}

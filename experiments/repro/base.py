@@ -19,9 +19,13 @@ says:
   tau <= 4 (160), so the staleness bound, not the fleet, sets how stale
   trained tokens are up to tau = 4; at tau = 8 (budget 288) the fleet's 192
   bound it;
-* **budget**: ``STEPS`` learner steps of ``BATCH`` trajectories for every arm
-  (GRPO: ``BATCH / 8`` prompts x 8 rollouts), held-out pass@1 on 200 prompts
-  every 10 steps.
+* **budget** (:func:`planned_budget`): ``STEPS`` actor updates of ``BATCH``
+  trajectories for every arm (GRPO: ``BATCH / 8`` prompts x 8 rollouts); an
+  arm with a critic warm-up runs that many learner steps more (they update the
+  critic alone), so that no arm loses actor updates to its critic; the
+  warm-up's and the value pretraining's trajectories are charged to the arm
+  (``summary.json``'s ``budget``, a column of every table). Held-out pass@1
+  every 10 actor updates (``eval.align_actor_updates``).
 
 Arm files take the seed as the variant: ``--config=experiments/repro/sao.py:1``.
 """
@@ -31,9 +35,20 @@ import ml_collections
 
 from experiments import common
 
-STEPS = 40                 # learner steps per run (all arms)
+STEPS = 40                 # actor updates per run (round one; round two: mech.STEPS)
 BATCH = 32                 # trajectories per learner step (all arms)
-SEEDS = (0, 1, 2)          # seeds of the sweep (each: its own SFT policy, init, sampling, prompt order)
+SEEDS = tuple(range(8))    # seeds of the main comparison (each: its own SFT policy, init, sampling,
+                           # prompt order; PREREGISTRATION.md: >= 8 for SAO, GRPO, GRPO+DIS, VAPO)
+SECONDARY_SEEDS = SEEDS[:4]  # seeds of the other comparisons (critic, drift, wall clock)
+# Cost priors for `sweep status` before any run has finished, and for the budget check
+# (tests/experiments): the first sweep on this machine (2 cores, shared, nice 19) took
+# 2.38 h for 45 runs x 40 learner steps (process seconds per step, start-up and
+# evaluations included) and 0.59 h for 3 SFT warm starts.
+PRIOR_S_PER_STEP = 4.8
+PRIOR_SFT_S = 710.0
+EVAL_PROMPTS = 100         # held-out prompts per evaluation (the same ones in every arm of a seed)
+EVAL_SAMPLES = 4           # samples per held-out prompt (pass@1 = their mean)
+MAX_SWEEP_HOURS = 8.0      # the whole sweep must fit this at the priors (2 cores)
 TAU = 4                    # staleness bound of the arms that do not vary it
 WORKERS = 2                # rollout worker processes (JAX engine each)
 SLOTS = 96                 # episodes in flight per worker (engine decode slots)
@@ -41,6 +56,11 @@ DRIFT_SWITCHES = (13, 26)  # online-drift arms: learner steps where the rewarded
 
 # What SFT depends on: every arm of one seed must agree on these groups (sweep checks).
 SFT_KEYS = ("model", "sft")
+
+
+def seeds_of(group: str) -> tuple[int, ...]:
+    """The seeds an arm of comparison ``group`` (``experiments.repro.ARMS``) runs."""
+    return SEEDS if group == "main" else SECONDARY_SEEDS
 
 
 def parse_seed(arg: str | None) -> int:
@@ -54,8 +74,24 @@ def parse_seed(arg: str | None) -> int:
     return seed
 
 
+def planned_budget(c: ml_collections.ConfigDict, steps: int | None = None) -> dict[str, int]:
+    """The trajectories an arm's config plans to spend (what ``run_metrics.budget`` records):
+    ``actor_updates`` (``steps``; None: ``run.steps`` less the critic warm-up), ``actor_trajectories``, ``critic_only_steps`` (the critic
+    warm-up, with a critic), ``critic_only_trajectories``, ``pretraining`` (value-pretraining
+    samples) and their sum ``planned`` (before drops)."""
+    critic = c.learner.advantage_estimator == "gae"
+    warm = int(c.critic.critic_warmup_steps) if critic else 0
+    pre = (int(c.train.value_pretrain_trajectories)
+           if critic and c.critic.value_pretrain_steps else 0)
+    b = int(c.learner.batch_size)
+    steps = int(c.run.steps) - warm if steps is None else int(steps)
+    return {"actor_updates": steps, "actor_trajectories": steps * b, "critic_only_steps": warm,
+            "critic_only_trajectories": warm * b, "pretraining": pre,
+            "planned": (steps + warm) * b + pre}
+
+
 def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
-          tau: int = TAU) -> ml_collections.ConfigDict:
+          tau: int = TAU, steps: int = STEPS) -> ml_collections.ConfigDict:
     """Sets the sweep's shared scale (module doc) on an experiment's ``cpu`` config.
 
     Args:
@@ -64,6 +100,7 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
       arg: the seed variant.
       name: the arm's name (``c.name``, the sweep's run directory).
       tau: staleness bound (0 = synchronous, with a barrier).
+      steps: actor updates (the run adds its critic warm-up steps: ``run.steps``).
     Returns ``c``. Raises ValueError on a bad seed or an inconsistent result.
     """
     seed = parse_seed(arg)
@@ -102,9 +139,11 @@ def repro(c: ml_collections.ConfigDict, arg: str | None, *, name: str,
     c.env.max_observation_chars = 32
     # eval / checkpoints / budget
     c.eval.every = 10
-    c.eval.num_prompts = 200
+    c.eval.num_prompts = EVAL_PROMPTS
+    c.eval.samples_per_prompt = EVAL_SAMPLES
+    c.eval.align_actor_updates = True       # evaluations at equal actor updates in every arm
     c.checkpoint.every = 10
-    c.run.steps = STEPS
+    c.run.steps = steps + planned_budget(c, steps)["critic_only_steps"]   # equal actor updates
     c.run.progress = False
     c.run.tensorboard = False
     if max(c.learner.length_buckets) < c.rollout.max_len:

@@ -19,18 +19,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments.repro import ARMS, base, ev_study, results, sweep  # noqa: E402
+from experiments.repro import ALL_ARMS, ARMS, base, ev_study, mech, results, sweep, verdicts  # noqa: E402
+from experiments.repro.verdicts import BUDGET_HEADER, budget_cell  # noqa: E402
 from experiments.repro.results import done, pct, stat  # noqa: E402
 
 DISCUSSION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "discussion.md")
 GROUPS = {a: g for a, g, _ in ARMS}
-TITLES = {a: t for a, _, t in ARMS}
+TITLES = {a: t for a, _, t in reversed(ALL_ARMS)}     # round two's titles win
 MAIN = [a for a, g, _ in ARMS if g == "main"]
-CRITIC = ["sao", "sao_k1", "sao_full_critic", "sao_dis_only", "vapo"]
-STALENESS = [("sao_tau1", 1), ("sao", base.TAU), ("sao_tau8", 8),
-             ("grpo_tau1", 1), ("grpo", base.TAU), ("grpo_tau8", 8)]
-DRIFT = ["drift_sao", "drift_running_mean"]
-WALLCLOCK = ["sao", "grpo_sync"]
+CRITIC = ["m_sao", "m_sao_k1", "m_sao_full_critic", "m_sao_no_pretrain", "m_vapo"]
+STALENESS = [(a, base.TAU) for a in MAIN]             # round two: lag from stragglers at one τ
+DRIFT = ["m_drift_sao", "m_drift_running_mean"]
+DRIFT_SWITCHES = mech.DRIFT_SWITCHES                  # learner steps (mech.drift)
+WALLCLOCK = ["m_sao", "m_grpo_sync"]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -43,30 +44,37 @@ def _present(runs_by_arm, arms):
     return [a for a in arms if a in runs_by_arm]
 
 
-def status_table(runs_by_arm, seeds) -> str:
+def status_table(runs_by_arm) -> str:
+    seeds = sorted({r.seed for runs in runs_by_arm.values() for r in runs})
     rows = []
     for arm, runs in runs_by_arm.items():
+        by_seed = {r.seed: r for r in runs}
         cells = []
-        for r in runs:
-            steps = max((s for s, _ in r.series("learner/step")), default=0)
-            cells.append(r.state if r.state in ("done", "pending") else f"{r.state} ({steps} steps)")
+        for s in seeds:
+            r = by_seed.get(s)
+            steps = max((x for x, _ in r.series("learner/step")), default=0) if r else 0
+            cells.append("—" if r is None else r.state if r.state in ("done", "pending")
+                         else f"{r.state} ({steps} steps)")
         rows.append([f"`{arm}`", TITLES[arm], *cells])
     return _table(["arm", "what", *[f"seed {s}" for s in seeds]], rows)
 
 
 def main_table(runs_by_arm) -> str:
     rows = []
-    for arm in _present(runs_by_arm, MAIN + CRITIC[1:3] + ["grpo_sync"]):
+    for arm in _present(runs_by_arm, MAIN + CRITIC[1:4] + ["m_grpo_sync"]):
         d = done(runs_by_arm[arm])
         before = [r.summary["accuracy_before"] for r in d]
         after = [r.summary["accuracy_after"] for r in d]
         best = [max(a for _, a in r.evals()) for r in d if r.evals()]
         collapses = [(r.seed, r.collapse_step()) for r in d if r.collapse_step() is not None]
         coll = ", ".join(f"seed {s} @ step {c}" for s, c in collapses) or ("none" if d else "—")
-        rows.append([f"`{arm}`", pct(before), pct(after),
-                     pct([a - b for a, b in zip(after, before)]), pct(best), coll])
-    return _table(["arm", "pass@1 before RL", "pass@1 final", "change", "best during RL",
-                   f"collapse (≥{int(100 * results.COLLAPSE_DROP)} points below start)"], rows)
+        rows.append([f"`{arm}`", pct([r.auc() for r in d]), pct(before), pct(after),
+                     pct([a - b for a, b in zip(after, before)]), pct(best), coll,
+                     budget_cell(d)])
+    return _table(["arm", "AUC (mean pass@1 over training)", "pass@1 before RL", "pass@1 final",
+                   "change", "best during RL",
+                   f"collapse (≥{int(100 * results.COLLAPSE_DROP)} points below start)",
+                   BUDGET_HEADER], rows)
 
 
 def _final(r):
@@ -81,10 +89,10 @@ def _ev_last(r):
     return r.mean_of("critic/explained_variance", last=10)
 
 
-def paired_table(runs_by_arm, ref: str = "sao") -> str:
+def paired_table(runs_by_arm, ref: str = "m_sao") -> str:
     """Each arm minus ``ref`` on the same seed (same warm start, same held-out prompts)."""
     rows = []
-    arms = MAIN + CRITIC[1:3] + ["grpo_sync"] + [a for a, _ in STALENESS]
+    arms = MAIN + CRITIC[1:4] + ["m_grpo_sync"] + [a for a, _ in STALENESS]
     for arm in _present(runs_by_arm, list(dict.fromkeys(arms))):
         if arm == ref:
             continue
@@ -95,20 +103,6 @@ def paired_table(runs_by_arm, ref: str = "sao") -> str:
                    f"EV last 10 steps − `{ref}`'s (×100)"], rows)
 
 
-def eval_noise(runs_by_arm) -> str:
-    """The binomial standard error of one run's final pass@1 (one sample per held-out prompt)."""
-    evals = [(r.summary["eval_prompts"], r.summary["accuracy_after"])
-             for rs in runs_by_arm.values() for r in done(rs) if r.summary.get("eval_prompts")]
-    if not evals:
-        return ""
-    ses = [np.sqrt(p * (1 - p) / n) for n, p in evals]
-    return (f"One evaluation is itself a sample: at these pass@1 values and "
-            f"{max(n for n, _ in evals)} prompts its binomial standard error is "
-            f"{100 * min(ses):.1f}-{100 * max(ses):.1f} points, so the difference of two runs "
-            f"carries ~{100 * np.sqrt(2) * np.median(ses):.1f} points of evaluation noise before "
-            "any seed-to-seed effect.")
-
-
 def critic_table(runs_by_arm) -> str:
     rows = []
     for arm in _present(runs_by_arm, CRITIC):
@@ -116,11 +110,14 @@ def critic_table(runs_by_arm) -> str:
         rows.append([f"`{arm}`",
                      stat([r.mean_of("critic/explained_variance", first=10) for r in d]),
                      stat([r.mean_of("critic/explained_variance", last=10) for r in d]),
+                     stat([r.mean_of("eval/explained_variance") for r in d]),
                      stat([r.mean_of("critic/grad_norm") for r in d]),
                      stat([r.mean_of("critic/value_loss", last=10) for r in d]),
-                     pct([r.summary["accuracy_after"] for r in d])])
-    return _table(["arm", "EV, steps 1-10", "EV, last 10 steps", "critic grad norm (mean)",
-                   "value loss, last 10", "pass@1 final"], rows)
+                     pct([r.summary["accuracy_after"] for r in d]), budget_cell(d)])
+    return _table(["arm", "EV, steps 1-10", "EV, last 10 steps",
+                   "EV on the fixed held-out episodes (mean over evaluations)",
+                   "critic grad norm (mean)",
+                   "value loss, last 10", "pass@1 final", BUDGET_HEADER], rows)
 
 
 def staleness_table(runs_by_arm) -> str:
@@ -133,8 +130,9 @@ def staleness_table(runs_by_arm) -> str:
         for r in d:
             c = r.staleness_counts()
             lags.append(float((np.arange(c.size) * c).sum() / max(c.sum(), 1)) if c.size else None)
-            n = r.summary["trajectories"] + r.summary["dropped"]
-            drops.append(r.summary["dropped"] / n if n else None)
+            b = r.summary.get("budget")                # drops incl. GRPO groups, of all generated
+            n = b["generated"] if b else r.summary["trajectories"] + r.summary["dropped"]
+            drops.append((b["dropped"] if b else r.summary["dropped"]) / n if n else None)
             m = (r.mean_of("actor/clip_fraction") if "grpo" in arm else
                  _sum_or_none(r.mean_of("actor/frac_masked_low"), r.mean_of("actor/frac_masked_high")))
             masked.append(m)
@@ -143,10 +141,10 @@ def staleness_table(runs_by_arm) -> str:
         rows.append([f"`{arm}`", tau, stat(lags), hist_s, pct(drops), pct(masked),
                      pct([r.summary["accuracy_after"] for r in d]),
                      ", ".join(str(r.collapse_step()) for r in d if r.collapse_step()) or
-                     ("none" if d else "—")])
+                     ("none" if d else "—"), budget_cell(d)])
     return _table(["arm", "τ", "mean lag (versions)", "lag histogram of trained tokens (share per lag 0,1,..)",
                    "trajectories dropped", "tokens masked (DIS) / clipped (PPO)", "pass@1 final",
-                   "collapse step"], rows)
+                   "collapse step", BUDGET_HEADER], rows)
 
 
 def _add_counts(arrays) -> np.ndarray:
@@ -177,7 +175,7 @@ def _drift(run: results.Run, env) -> dict:
 
 def drift_table(runs_by_arm) -> str:
     rows = []
-    n_sw = len(base.DRIFT_SWITCHES)
+    n_sw = len(DRIFT_SWITCHES)
     for arm in _present(runs_by_arm, DRIFT):
         env = sweep.arm_config(arm, 0, []).env          # drift settings: the same for every seed
         summaries = [_drift(r, env) for r in done(runs_by_arm[arm])]
@@ -193,38 +191,40 @@ def drift_table(runs_by_arm) -> str:
             per_switch.append("; ".join(parts) or "—")
         phase_s = " / ".join(stat([s["phase_reward"].get(str(i)) for s in summaries])
                              for i in range(n_sw + 1))
-        rows.append([f"`{arm}`", *per_switch, phase_s if summaries else "—"])
-    return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in base.DRIFT_SWITCHES],
-                   "mean reward per phase"], rows)
+        rows.append([f"`{arm}`", *per_switch, phase_s if summaries else "—",
+                     budget_cell(runs_by_arm[arm])])
+    return _table(["arm", *[f"adaptation lag after switch at step {s}" for s in DRIFT_SWITCHES],
+                   "mean reward per phase", BUDGET_HEADER], rows)
 
 
 def wallclock_table(runs_by_arm) -> tuple[str, float | None]:
     d = {a: done(runs_by_arm[a]) for a in _present(runs_by_arm, WALLCLOCK)}
     finals = [np.mean([r.summary["accuracy_after"] for r in rs]) for rs in d.values() if rs]
     if len(finals) < 2:
-        return "Needs finished runs of both `sao` and `grpo_sync`.", None
+        return "Needs finished runs of both `m_sao` and `m_grpo_sync`.", None
     target = 0.9 * min(finals)
     rows = []
     for arm, rs in d.items():
         times = [results.time_to(r, target) for r in rs]
         reached = [t for t in times if t is not None]
         rows.append([f"`{arm}`", f"{len(reached)}/{len(rs)}", stat(reached),
-                     stat([r.summary.get("time/rl_s") for r in rs]),
-                     stat([r.summary.get("wall_s") for r in rs])])
-    return (_table(["arm", "seeds reaching target", "seconds to target (learner clock)",
-                    "RL phase seconds", "learner wall seconds"], rows), target)
+                     stat([max(r.rl_clock().values()) for r in rs]), budget_cell(rs)])
+    return (_table(["arm", "seeds reaching target", "RL seconds to target (resumed runs included)",
+                    "RL seconds in all", BUDGET_HEADER], rows), target)
 
 
 def _curve(ax, runs, key, label):
     d = done(runs) or [r for r in runs if r.rl]
     if not d:
         return
-    steps = sorted({s for r in d for s, _ in r.series(key)})
+    # Held-out pass@1 by actor updates (arms with a critic warm-up line up), the rest by step.
+    series = (lambda r: r.curve()) if key == "eval/accuracy" else (lambda r: r.series(key))
+    steps = sorted({s for r in d for s, _ in series(r)})
     if not steps:
         return
     mat = np.full((len(d), len(steps)), np.nan)
     for i, r in enumerate(d):
-        for s, v in r.series(key):
+        for s, v in series(r):
             mat[i, steps.index(s)] = v
     mean = np.nanmean(mat, axis=0)
     line, = ax.plot(steps, mean, label=f"{label} (n={len(d)})")
@@ -245,7 +245,7 @@ def plots(runs_by_arm, out_dir: str) -> list[str]:
     """Writes the PNGs; returns their file names."""
     os.makedirs(out_dir, exist_ok=True)
     figs = {
-        "repro_main.png": ([a for a in MAIN + ["sao_k1", "sao_full_critic"]], "eval/accuracy",
+        "repro_main.png": ([a for a in MAIN + ["m_sao_k1", "m_sao_full_critic"]], "eval/accuracy",
                            "held-out pass@1"),
         "repro_critic_ev.png": (CRITIC, "critic/explained_variance", "critic explained variance"),
         "repro_staleness.png": ([a for a, _ in STALENESS], "eval/accuracy", "held-out pass@1"),
@@ -257,9 +257,9 @@ def plots(runs_by_arm, out_dir: str) -> list[str]:
         for a in _present(runs_by_arm, arms):
             _curve(ax, runs_by_arm[a], key, a)
         if name == "repro_drift.png":
-            for s in base.DRIFT_SWITCHES:
+            for s in DRIFT_SWITCHES:
                 ax.axvline(s, color="grey", ls=":")
-        ax.set_xlabel("learner step")
+        ax.set_xlabel("actor updates" if key == "eval/accuracy" else "learner step")
         ax.set_ylabel(ylabel)
         _legend(ax)
         ax.set_title(f"{ylabel}: mean over finished seeds, band = min..max")
@@ -287,7 +287,8 @@ def sft_status(runs: str, seeds) -> str:
     out = []
     for s in seeds:
         d = sweep.sft_dir(runs, s)
-        if os.path.exists(os.path.join(d, "sft", "result.json")):
+        if any(os.path.exists(os.path.join(d, *p)) for p in (("sft", "result.json"),
+                                                              ("result.json",))):
             out.append(f"seed {s}: done")
             continue
         step = None
@@ -321,7 +322,7 @@ def ev_plot(ev: dict | None, out_dir: str) -> str | None:
 
 
 def compute_used(runs: str, runs_by_arm) -> str:
-    walls = [r.summary["wall_s"] for rs in runs_by_arm.values() for r in rs if r.summary]
+    walls = [max(r.rl_clock().values()) for rs in runs_by_arm.values() for r in done(rs)]
     attempts = 0.0
     for rs in runs_by_arm.values():
         for r in rs:
@@ -333,19 +334,22 @@ def compute_used(runs: str, runs_by_arm) -> str:
     for seed_dir in sorted(os.listdir(os.path.join(runs, "_sft"))) if os.path.isdir(
             os.path.join(runs, "_sft")) else []:
         p = os.path.join(runs, "_sft", seed_dir, "sft", "result.json")
+        p = p if os.path.exists(p) else os.path.join(runs, "_sft", seed_dir, "result.json")
         if os.path.exists(p):
             with open(p, encoding="utf-8") as f:
                 sft.append(json.load(f)["sft/seconds"])
-    return (f"{len(walls)} finished runs, learner wall time {sum(walls) / 3600:.2f} h in total "
+    return (f"{len(walls)} finished runs, RL steps {sum(walls) / 3600:.2f} h in total "
             f"(run processes incl. worker start and failed attempts: {attempts / 3600:.2f} h); "
             f"{len(sft)} SFT warm starts, {sum(sft) / 3600:.2f} h. Machine: {os.cpu_count()} CPU "
             f"cores ({platform.machine()}), no accelerator, shared with other jobs; the sweep runs "
             "at `nice -n 19`, so wall times are upper bounds and vary with the load.")
 
 
-def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
-    """Writes ``out`` (markdown) and the PNGs under ``plots_dir`` from the runs in ``runs``."""
+def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds=None) -> None:
+    """Writes ``out`` (markdown) and the PNGs under ``plots_dir`` from the runs in ``runs``
+    (the committed records or a runs directory); ``seeds`` None: each arm's planned seeds."""
     runs_by_arm = results.load_all(runs, arms, seeds)
+    seeds = sorted({r.seed for rs in runs_by_arm.values() for r in rs})
     written = plots(runs_by_arm, plots_dir)
     rel = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out)))
     swept = {}
@@ -358,51 +362,75 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds) -> None:
     n_done = sum(r.state == "done" for rs in runs_by_arm.values() for r in rs)
     parts = [
         "# Results: the paper's claims at small scale\n",
-        f"Generated by `python -m experiments.repro.sweep report --runs {runs}` on "
+        f"Generated by `python -m experiments.repro.sweep report` from "
+        f"`{os.path.relpath(runs, sweep.REPO) if runs.startswith(sweep.REPO) else runs}` on "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from {n_done} finished runs of "
-        f"{len(arms) * len(seeds)} ({len(arms)} arms × seeds {', '.join(map(str, seeds))}). "
+        f"{sum(map(len, runs_by_arm.values()))} planned ({len(arms)} arms; seeds "
+        f"{', '.join(map(str, seeds))}: each arm its group's, `base.seeds_of`). "
         "Do not edit by hand: the discussion lives in `experiments/repro/discussion.md`, "
         "everything else is recomputed from the runs. Means ± sample std over the finished "
         "seeds (n given); runs that have not finished are not in any mean.\n",
         "## Setup\n",
         f"Every arm: `experiments/repro/<arm>.py` (an `experiments/` file's `cpu` variant through "
-        f"`experiments/repro/base.py`): the `tiny` byte-level policy (0.43M parameters) "
-        f"warm-started by SFT once per seed and shared by all arms of that seed; reasoning-gym "
-        f"`basic_arithmetic`, 2-3 terms of 1-2 digits, up to 2 Python-tool calls in 3 turns; "
-        f"{base.STEPS} learner steps × {base.BATCH} trajectories for every arm (GRPO: "
-        f"{base.BATCH // 8} prompts × 8); {base.WORKERS} rollout worker processes, {base.SLOTS} "
-        f"episodes in flight each; staleness bound τ = {base.TAU} unless the arm varies it; held-out pass@1 = one "
-        "sample per prompt at temperature 1 on 200 held-out prompts, every 10 steps. "
+        f"`experiments/repro/base.py` and `mech.py`): the `tiny` byte-level policy (0.43M "
+        f"parameters) warm-started by SFT once per seed and shared by all arms of that seed (the "
+        f"drift arms share a mixed-style one); reasoning-gym `basic_arithmetic`, 2-3 terms of 1-2 "
+        f"digits, up to {mech.TOOL_CALLS} Python-tool calls in {mech.TOOL_CALLS + 1} turns, each "
+        f"call sleeping a lognormal time (median {mech.LATENCY_S} s, σ {mech.LATENCY_SIGMA}, at "
+        f"most {mech.LATENCY_MAX_S} s) and failing with probability {mech.FAILURE_RATE}; the "
+        f"engine serves bf16 weights beside the f32 learner; {mech.STEPS} actor updates "
+        f"({2 * mech.DRIFT_PHASE} for the drift arms) × {base.BATCH} trajectories at actor LR "
+        f"{mech.ACTOR_LR} for every arm (GRPO: "
+        f"{base.BATCH // 8} prompts × 8; a critic warm-up adds learner steps, charged in the "
+        f"budget table); {base.WORKERS} rollout worker processes, {base.SLOTS} "
+        f"episodes in flight each; staleness bound τ = {base.TAU} unless the arm varies it; "
+        f"held-out pass@1 = the mean of {base.EVAL_SAMPLES} samples per prompt at temperature 1 "
+        f"on {base.EVAL_PROMPTS} held-out prompts (the same in every arm of a seed), every 10 "
+        "actor updates. "
         f"Overrides of this runs directory: `{swept.get('overrides', [])}`.\n",
         "```bash\n"
         "nohup nice -n 19 .venv/bin/python -m experiments.repro.sweep run --runs RUNS > RUNS/sweep.log 2>&1 &\n"
-        ".venv/bin/python -m experiments.repro.sweep status --runs RUNS\n"
-        ".venv/bin/python -m experiments.repro.sweep report --runs RUNS   # this file + docs/repro_*.png\n"
+        ".venv/bin/python -m experiments.repro.sweep status --runs RUNS   # percent done, ETA\n"
+        "git add experiments/repro/runs && git commit -m 'repro: finished runs'   # as they come\n"
+        ".venv/bin/python -m experiments.repro.sweep report   # this file + docs/repro_*.png, from the records\n"
         ".venv/bin/python -m experiments.repro.sweep stop   --runs RUNS   # end it (never SIGSTOP it)\n"
         "```\n",
         f"Compute: {compute_used(runs, runs_by_arm)}\n",
         results.code_versions(runs, runs_by_arm) + " " + results.tool_timeouts(runs_by_arm) + "\n",
         "## Which runs exist\n", sft_status(runs, seeds) + "\n",
-        status_table(runs_by_arm, seeds) + "\n",
+        status_table(runs_by_arm) + "\n",
+        "Runs count only when every attempt started from a clean commit (`dirty`: not used).\n",
+        "## Verdicts (pre-registered: `experiments/repro/PREREGISTRATION.md`)\n",
+        "Each claim is a paired comparison per seed; the verdict is computed by the rule, "
+        "never written by hand: **supported** only if the 95% Student-t interval of the mean "
+        "difference excludes 0 in the claimed direction, **contradicted** if it excludes 0 "
+        "the other way, otherwise **inconclusive at this n**, with the effect the design "
+        "detects with 80% power at its n and paired spread (`results.mde`). A wide interval "
+        "is not evidence against a claim.\n",
+        verdicts.verdict_table(runs_by_arm) + "\n",
+        "## Budget of every arm (trajectories, mean over finished seeds)\n",
+        "Every arm gets the same actor updates and actor trajectories; a critic's warm-up "
+        "steps and value pretraining are extra trajectories, charged here.\n",
+        verdicts.budget_table(runs_by_arm) + "\n",
         "## Held-out pass@1 (main arms and the critic ablations)\n", main_table(runs_by_arm) + "\n",
         f"![held-out pass@1]({rel}/repro_main.png)\n",
         "### Paired against SAO\n",
-        "Per seed, the arm's number minus `sao`'s on the same seed: both start from that seed's "
+        "Per seed, the arm's number minus `m_sao`'s on the same seed: both start from that seed's "
         "SFT warm start and are evaluated on the same held-out prompts, so the spread between "
         "warm starts (most of the ± above) cancels. Mean over seeds with a 95% Student-t "
         "interval; an interval that contains 0 means no difference is shown at this n. "
-        + eval_noise(runs_by_arm) + "\n",
+        + verdicts.eval_noise(runs_by_arm, "m_sao", "m_grpo") + "\n",
         paired_table(runs_by_arm) + "\n",
         "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
         "Explained variance is the learner's `critic/explained_variance`: measured on each new "
         "batch *before* the critic's K steps on it (see the explained-variance study below).\n",
         critic_table(runs_by_arm) + "\n", f"![critic EV]({rel}/repro_critic_ev.png)\n",
-        "## Rising staleness: GRPO without DIS vs SAO\n",
+        f"## Staleness at τ = {base.TAU}: the lag stragglers put on trained tokens\n",
         "GRPO's PPO clip takes its ratio against the engine's log-probs (docs/algorithm.md §7), "
         "so it sees the lag; DIS masks tokens two-sided.\n",
         staleness_table(runs_by_arm) + "\n", f"![staleness]({rel}/repro_staleness.png)\n",
         "## Simulated online learning (drifting reward)\n",
-        f"The rewarded answer style switches at steps {base.DRIFT_SWITCHES}; adaptation lag = "
+        f"The rewarded answer style switches at steps {DRIFT_SWITCHES}; adaptation lag = "
         "policy versions until the batch reward is back at 90% of its level before the switch "
         "(`sao.envs.drift.drift_summary`; a switch after a phase of zero reward has nothing to "
         "recover and no lag).\n",

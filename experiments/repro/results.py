@@ -1,26 +1,46 @@
 """Reading the sweep's recorded runs: per run, per arm over seeds (no plotting, no markdown).
 
-A run is ``RUNS/<arm>/seed<S>`` (``experiments.repro.sweep``); what is read:
+A run is ``RUNS/<arm>/seed<S>`` (``experiments.repro.sweep``; the committed
+records ``experiments/repro/runs`` have the same layout); what is read:
 ``summary.json`` (written at the end of a finished run), ``metrics.jsonl``
 (one record per RL step, held-out evaluations merged into their step's
-record, ``sao.run_metrics.read_metrics``). Nothing is filled in for a run
-that has not recorded it: missing values are None and the tables say so.
+record, ``sao.run_metrics.read_metrics``), ``attempts.json`` (each attempt's
+commit). A finished run counts as ``done`` only when every attempt started
+from a clean commit (``records.attempts_clean``); otherwise its state is
+``dirty`` and no table uses it. Nothing is filled in for a run that has not
+recorded it: missing values are None and the tables say so.
+
+Statistics (the pre-registered rule, ``experiments/repro/PREREGISTRATION.md``):
+:func:`verdict` of paired per-seed differences: a 95% Student-t interval,
+**supported** if it excludes 0 in the claimed direction, **contradicted** if
+it excludes 0 the other way, else **inconclusive at this n** with the
+design's minimum detectable effect (:func:`mde`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 
 import numpy as np
 
-from experiments.repro import sweep
+from experiments.repro import ALL_ARMS, base, records, sweep
 from sao import provenance
 
 # A run has collapsed at the first held-out evaluation this far below its
 # pass@1 before RL (absolute), and never comes back above the start.
 COLLAPSE_DROP = 0.2
+
+
+@functools.lru_cache(maxsize=None)
+def actor_updates(arm: str) -> int:
+    """The actor updates ``arm``'s config plans (``base.planned_budget``: ``mech.STEPS`` for
+    the round-two arms, ``base.STEPS`` for round one's); ``base.STEPS`` for an unknown arm."""
+    if arm not in {a for a, _, _ in ALL_ARMS}:
+        return base.STEPS
+    return base.planned_budget(sweep.arm_config(arm, 0, []))["actor_updates"]
 
 
 @dataclasses.dataclass
@@ -46,14 +66,47 @@ class Run:
         """Held-out pass@1 by learner step (step 0 = before RL)."""
         return self.series("eval/accuracy")
 
+    def curve(self) -> list[tuple[int, float]]:
+        """Held-out pass@1 by actor updates (the record's ``learner/policy_version``; 0 before
+        RL): the x-axis on which arms with and without a critic warm-up line up."""
+        out = []
+        for r in self.rl:
+            acc = r.get("eval/accuracy")
+            if isinstance(acc, (int, float)) and math.isfinite(acc):
+                v = r.get("learner/policy_version", 0 if int(r["step"]) == 0 else None)
+                if v is not None:
+                    out.append((int(v), float(acc)))
+        return sorted(out)
+
+    def auc(self, updates: int | None = None) -> float | None:
+        """Area under the held-out learning curve over actor updates ``0..updates`` (default
+        the arm's, :func:`actor_updates`), divided by ``updates``: the mean pass@1 over
+        training (trapezoid rule). None unless the curve has its start (0) and end
+        (``updates``) points."""
+        updates = actor_updates(self.arm) if updates is None else updates
+        pts = [(x, y) for x, y in self.curve() if x <= updates]
+        if not pts or pts[0][0] != 0 or pts[-1][0] != updates:
+            return None
+        xs, ys = np.array([x for x, _ in pts], float), np.array([y for _, y in pts], float)
+        return float(np.sum((xs[1:] - xs[:-1]) * (ys[1:] + ys[:-1]) / 2) / updates)
+
+    def rl_clock(self) -> dict[int, float]:
+        """Seconds of RL steps up to and including each step: the running sum of the
+        records' ``time/step_s`` (waiting for the fleet, the update, publishing, evaluation,
+        checkpoints). A resumed run's redone steps count once (records merge by step), so
+        unlike the process clock (``time_s``, restarted by a resume) it spans attempts."""
+        clock, total = {0: 0.0}, 0.0
+        for r in sorted(self.rl, key=lambda r: int(r["step"])):
+            if int(r["step"]) > 0 and isinstance(r.get("time/step_s"), (int, float)):
+                total += float(r["time/step_s"])
+                clock[int(r["step"])] = total
+        return clock
+
     def timed_evals(self) -> list[tuple[float, float]]:
-        """``(seconds since the learner process started, pass@1)``; empty for a resumed run
-        (its clock restarted)."""
-        times = [r["time_s"] for r in self.rl if "time_s" in r]
-        if any(b < a for a, b in zip(times, times[1:])):
-            return []
-        return [(float(r["time_s"]), float(r["eval/accuracy"])) for r in self.rl
-                if "eval/accuracy" in r and "time_s" in r]
+        """``(RL seconds at the evaluation, pass@1)`` (:meth:`rl_clock`; the evaluation before
+        RL at 0 s); resumed runs included."""
+        clock = self.rl_clock()
+        return [(clock[s], acc) for s, acc in self.evals() if s in clock]
 
     def mean_of(self, key: str, first: int | None = None, last: int | None = None) -> float | None:
         vals = [v for s, v in self.series(key) if s > 0]   # step 0 holds the evaluation only
@@ -89,7 +142,8 @@ class Run:
 
 
 def load_run(runs: str, arm: str, seed: int) -> Run:
-    """The run's recorded files (missing ones read as nothing)."""
+    """The run's recorded files (missing ones read as nothing); a finished run of a dirty
+    or unrecorded commit has state ``dirty``."""
     d = sweep.run_dir(runs, arm, seed)
     summary = None
     if os.path.exists(os.path.join(d, sweep.SUMMARY_FILE)):
@@ -99,12 +153,16 @@ def load_run(runs: str, arm: str, seed: int) -> Run:
     if os.path.exists(os.path.join(d, "metrics.jsonl")):
         from sao.run_metrics import read_metrics
         rl = [r for r in read_metrics(d) if r.get("phase", "rl") == "rl"]
-    return Run(arm, seed, sweep.run_state(runs, arm, seed), summary, rl)
+    state = sweep.run_state(runs, arm, seed)
+    if state == "done" and not records.attempts_clean(sweep._attempts(d)):
+        state = "dirty"
+    return Run(arm, seed, state, summary, rl)
 
 
-def load_all(runs: str, arms, seeds) -> dict[str, list[Run]]:
-    """``{arm: [Run per seed]}``."""
-    return {a: [load_run(runs, a, s) for s in seeds] for a in arms}
+def load_all(runs: str, arms, seeds=None) -> dict[str, list[Run]]:
+    """``{arm: [Run per seed]}``: ``seeds``, or (None) each arm's planned seeds."""
+    todo = sweep.plan(list(arms), None if seeds is None else list(seeds))
+    return {a: [load_run(runs, a, s) for b, s in todo if b == a] for a in arms}
 
 
 def done(runs_of_arm: list[Run]) -> list[Run]:
@@ -132,7 +190,8 @@ def pct(values) -> str:
 
 
 def time_to(run: Run, target: float) -> float | None:
-    """Seconds (learner clock) to the first evaluation at or above ``target`` (None: never)."""
+    """RL seconds (:meth:`Run.rl_clock`, resumed runs included) to the first evaluation at
+    or above ``target`` (None: never)."""
     for t, acc in run.timed_evals():
         if acc >= target:
             return t
@@ -210,3 +269,50 @@ def points_interval(values) -> str:
         return f"{vals[0]:+.1f} (n=1)"
     m, lo, hi = t_interval(vals)
     return f"{m:+.1f} [{lo:+.1f}, {hi:+.1f}] (n={len(vals)})"
+
+
+def mde(sd: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float | None:
+    """Minimum detectable effect of a paired design: the true mean difference that a
+    two-sided paired t-test at ``alpha`` detects with probability ``power``, given the
+    paired differences' standard deviation ``sd`` over ``n`` seeds:
+
+        MDE = (t_{1 - alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n)
+
+    (the usual normal-approximation formula with t quantiles for n - 1 degrees of
+    freedom). None for n < 2. Raises ValueError on alpha or power outside (0, 1) or sd < 0."""
+    if not (0 < alpha < 1 and 0 < power < 1) or sd < 0:
+        raise ValueError(f"need 0 < alpha, power < 1 and sd >= 0, got {alpha}, {power}, {sd}")
+    if n < 2:
+        return None
+    from scipy import stats
+    return float((stats.t.ppf(1 - alpha / 2, n - 1) + stats.t.ppf(power, n - 1)) * sd / np.sqrt(n))
+
+
+VERDICTS = ("supported", "contradicted", "inconclusive at this n", "not measured")
+
+
+def verdict(diffs, direction: int, *, level: float = 0.95, power: float = 0.8) -> dict:
+    """The pre-registered decision on paired differences (claimed arm minus reference, per
+    seed). ``direction``: +1 if the claim says the difference is positive, -1 negative.
+
+    Returns ``{"verdict", "n", "mean", "low", "high", "sd", "mde"}``: ``verdict`` one of
+    ``VERDICTS`` (``not measured`` below 2 pairs), the ``level`` t interval and the MDE at
+    alpha = 1 - level and ``power``. Raises ValueError unless direction is +1 or -1."""
+    if direction not in (1, -1):
+        raise ValueError(f"direction must be +1 or -1, got {direction}")
+    vals = [float(v) for v in diffs if v is not None]
+    out = {"verdict": "not measured", "n": len(vals), "mean": None, "low": None, "high": None,
+           "sd": None, "mde": None}
+    if len(vals) < 2:
+        return out
+    m, lo, hi = t_interval(vals, level)
+    sd = float(np.std(vals, ddof=1))
+    out.update(mean=m, low=lo, high=hi, sd=sd,       # sd 0: no spread, no MDE to speak of
+               mde=mde(sd, len(vals), alpha=1 - level, power=power) if sd > 0 else None)
+    if (direction > 0 and lo > 0) or (direction < 0 and hi < 0):
+        out["verdict"] = "supported"
+    elif (direction > 0 and hi < 0) or (direction < 0 and lo > 0):
+        out["verdict"] = "contradicted"
+    else:
+        out["verdict"] = "inconclusive at this n"
+    return out

@@ -68,13 +68,42 @@ def default_prompt_text(question: str) -> str:
     return question + "\n"
 
 
+# Final-answer styles of the online drift env (sao.envs.judges.STYLES), as demonstrated.
+ANSWER_STYLES = {"bare": "{}", "sentence": "The answer is {}.", "boxed": "\\boxed{{{}}}"}
+
+
+def parse_style_mix(spec: str) -> dict[str, float]:
+    """``"bare:0.7,sentence:0.15,boxed:0.15"`` -> weights summing to 1 ({} for "").
+
+    Raises ValueError on an unknown style, a negative weight or an all-zero mix."""
+    if not spec.strip():
+        return {}
+    mix = {}
+    for part in spec.split(","):
+        name, _, w = part.partition(":")
+        name = name.strip()
+        if name not in ANSWER_STYLES:
+            raise ValueError(f"unknown answer style {name!r}; expected {sorted(ANSWER_STYLES)}")
+        mix[name] = float(w)
+        if mix[name] < 0:
+            raise ValueError(f"style weight must be >= 0, got {part!r}")
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError(f"style mix {spec!r} has no weight")
+    return {k: v / total for k, v in mix.items()}
+
+
 def make_demonstration(question: str, expression: str, answer: str, *, use_tool: bool,
-                       prompt_text: Callable[[str], str] = default_prompt_text) -> Demonstration:
-    """Builds one demonstration; raises ValueError if ``expression`` does not evaluate to ``answer``."""
+                       prompt_text: Callable[[str], str] = default_prompt_text,
+                       style: str = "bare") -> Demonstration:
+    """Builds one demonstration whose final answer is in ``style`` (``ANSWER_STYLES``);
+    raises ValueError if ``expression`` does not evaluate to ``answer`` or on an unknown style."""
     value = _evaluate(expression)
     if str(value) != str(answer).strip():
         raise ValueError(f"expression {expression!r} evaluates to {value}, dataset says {answer!r}")
-    final = f"<answer>{value}</answer>"
+    if style not in ANSWER_STYLES:
+        raise ValueError(f"unknown answer style {style!r}; expected {sorted(ANSWER_STYLES)}")
+    final = f"<answer>{ANSWER_STYLES[style].format(value)}</answer>"
     if use_tool:
         spans = ((f"<python>print({expression})</python>", True),
                  (f"<output>{value}</output>", False),
@@ -96,6 +125,7 @@ def arithmetic_demonstrations(num: int, *, seed: int, tool_fraction: float,
                               task: str = "basic_arithmetic",
                               task_kwargs: dict[str, Any] | None = None,
                               prompt_text: Callable[[str], str] = default_prompt_text,
+                              style_mix: dict[str, float] | None = None,
                               ) -> list[Demonstration]:
     """``num`` demonstrations from a reasoning-gym task (``basic_arithmetic`` or ``chain_sum``).
 
@@ -104,6 +134,9 @@ def arithmetic_demonstrations(num: int, *, seed: int, tool_fraction: float,
       seed: dataset seed; use one disjoint from the RL / held-out prompt seeds.
       tool_fraction: probability in [0, 1] that a demonstration calls the tool.
       task_kwargs: generator settings (default ``QUICKSTART_TASK_KWARGS``).
+      style_mix: ``{style: weight}`` of the final answers' styles (`parse_style_mix`),
+        drawn per demonstration; None / {} = all ``"bare"``. A warm start that has
+        seen every style can sample the one a drifted reward wants.
     Raises ValueError on a bad ``num`` / ``tool_fraction`` or an expression
     that is not + - * integer arithmetic.
     """
@@ -118,9 +151,12 @@ def arithmetic_demonstrations(num: int, *, seed: int, tool_fraction: float,
                                                              "min_digits", "max_digits")}
     dataset = rg.create_dataset(task, size=num, seed=seed, **kwargs)
     rng = random.Random(seed)
+    styles, weights = zip(*style_mix.items()) if style_mix else (("bare",), (1.0,))
+    style_rng = random.Random(seed + 1)     # separate stream: the tool choices stay as before
     return [make_demonstration(entry["question"], entry["metadata"]["expression"],
                                entry["answer"], use_tool=rng.random() < tool_fraction,
-                               prompt_text=prompt_text)
+                               prompt_text=prompt_text,
+                               style=style_rng.choices(styles, weights)[0])
             for entry in dataset]
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import grain
 
@@ -115,48 +115,84 @@ class PromptStream:
     Args:
       iterator: a :func:`prompt_iterator` (records with ``epoch``; ``get_state()``).
       group_size: rollouts per prompt (1: single rollout; GRPO's G otherwise).
+      records: the records of ``iterator`` (any iterable of records with
+        ``prompt_id``): what :meth:`resample` issues again; None: no re-samples.
 
     Each record of ``iterator`` comes out ``group_size`` times in a row as
     ``{**record, "epoch": e, "group": j}`` for ``j = 0 .. group_size - 1``
     (``epoch`` 0 when the record has none). ``get_state()`` holds the
-    iterator's position and the copies of the current record not yet handed
-    out, so a restored stream (``set_state``) hands out the rest of a group
-    before the next record. Raises ValueError if ``group_size`` < 1.
+    iterator's position, the copies of the current record not yet handed
+    out and the queued re-samples, so a restored stream (``set_state``)
+    hands out the rest of a group, then the re-samples, before the next
+    record. Raises ValueError if ``group_size`` < 1.
     """
 
-    def __init__(self, iterator: Iterator[dict], group_size: int = 1):
+    def __init__(self, iterator: Iterator[dict], group_size: int = 1,
+                 records: Iterable[Mapping[str, Any]] | None = None):
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self._it, self._lock, self._group_size = iterator, threading.Lock(), group_size
         self._copies: list[dict] = []
+        self._records = None if records is None else {str(r["prompt_id"]): r for r in records}
+        self._resample: list[list] = []        # [prompt_id, epoch, attempt], oldest first
 
     def __iter__(self) -> "PromptStream":
         return self
 
     def __next__(self) -> dict:
         with self._lock:
+            if not self._copies and self._resample:
+                pid, epoch, attempt = self._resample.pop(0)
+                rec, g = self._records[pid], self._group_size
+                self._copies = [{**rec, "epoch": epoch, "group": attempt * g + j}
+                                for j in range(g)]
             if not self._copies:
                 rec = next(self._it)
                 epoch = int(rec.get("epoch", 0))
                 self._copies = [{**rec, "epoch": epoch, "group": j} for j in range(self._group_size)]
             return self._copies.pop(0)
 
-    def get_state(self) -> dict:
-        """``{"iterator": position, "copies": [records not yet handed out]}`` (JSON-able)."""
+    def resample(self, prompt_id: str, epoch: int, attempt: int) -> bool:
+        """Queues ``prompt_id`` to be issued again as a fresh group, ahead of new records.
+
+        The copies are ``{**record, "epoch": epoch, "group": attempt * group_size + j}``:
+        another issue (``sao.fleet.leases.issue_key``) of the same prompt id, whose group
+        ``sao.rl_loop.GroupBatcher`` keys apart by ``group // group_size``. Returns False
+        (nothing queued) when the stream has no ``records`` or not this prompt. Raises
+        ValueError if ``attempt`` < 1 or ``epoch`` < 0 (attempt 0 is the first issue).
+        """
+        if int(attempt) < 1 or int(epoch) < 0:
+            raise ValueError(f"attempt must be >= 1 and epoch >= 0, got {attempt}, {epoch}")
+        if self._records is None or str(prompt_id) not in self._records:
+            return False
         with self._lock:
-            return {"iterator": self._it.get_state(), "copies": [dict(c) for c in self._copies]}
+            self._resample.append([str(prompt_id), int(epoch), int(attempt)])
+        return True
+
+    def get_state(self) -> dict:
+        """``{"iterator": position, "copies": [records not yet handed out],
+        "resample": [[prompt_id, epoch, attempt], ...]}`` (JSON-able)."""
+        with self._lock:
+            return {"iterator": self._it.get_state(), "copies": [dict(c) for c in self._copies],
+                    "resample": [list(r) for r in self._resample]}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Resumes from ``get_state()`` output (of a stream of the same
         pipeline); a bare iterator position (checkpoints that kept no copies)
         restores the position alone. Raises ValueError if ``copies`` is not a
-        list of at most ``group_size`` records."""
+        list of at most ``group_size`` records, or a queued re-sample names a
+        prompt this stream's ``records`` lack."""
         if "iterator" not in state or "copies" not in state:
             state = {"iterator": state, "copies": []}
         copies = state["copies"]
         if not isinstance(copies, list) or len(copies) > self._group_size or not all(
                 isinstance(c, dict) for c in copies):
             raise ValueError(f"copies must be a list of at most {self._group_size} records")
+        resample = [[str(p), int(e), int(a)] for p, e, a in state.get("resample", [])]
+        if resample and (self._records is None or
+                         any(p not in self._records for p, _, _ in resample)):
+            raise ValueError("a queued re-sample names a prompt this stream does not have")
         with self._lock:
             self._it.set_state(dict(state["iterator"]))
             self._copies = [dict(c) for c in copies]
+            self._resample = resample

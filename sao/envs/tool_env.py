@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any, Mapping
 
 from sao.envs import tools
 from sao.envs.base import Env, StepResult, Task, check_prompt
+from sao.envs.latency import FAILURE_TEXT, ToolLatency
 from sao.envs.sandbox import SandboxLimits, ToolResult, run_python, run_python_async
 
 
@@ -28,6 +30,8 @@ class EpisodeConfig:
       tool_memory_mb: address-space MiB per tool call.
       max_observation_chars: tool output shown to the policy, characters.
       system_prompt: extra system text for ``"hermes"`` (after the tool list).
+      latency: ``sao.envs.latency.ToolLatency``: wall-clock sleep and transient
+        failures per tool call (default: none).
 
     Raises ValueError on a non-positive limit or unknown format.
     """
@@ -39,6 +43,7 @@ class EpisodeConfig:
     tool_memory_mb: int = 512
     max_observation_chars: int = 1000
     system_prompt: str = ""
+    latency: ToolLatency = ToolLatency()
 
     def __post_init__(self):
         tools.check_format(self.tool_format)
@@ -62,8 +67,9 @@ class ToolEnv(Env):
       config: ``EpisodeConfig``.
 
     ``info`` of every step is cumulative: ``task``, ``turns``, ``tool_calls``,
-    ``tool_errors`` (non-zero exit, timeout, malformed call), ``tool_timeouts``,
-    ``tool_s`` and, once answered, ``answer`` (first 200 chars), ``correct``;
+    ``tool_errors`` (non-zero exit, timeout, malformed call, injected failure),
+    ``tool_timeouts``, ``tool_s``, with a latency model ``tool_latency_s`` (seconds slept)
+    and ``tool_failures`` (injected failures), and, once answered, ``answer`` (first 200 chars), ``correct``;
     ``end`` says why the episode ended (``answer``, ``no_answer``,
     ``max_turns``, ``max_tool_calls``).
     """
@@ -75,6 +81,7 @@ class ToolEnv(Env):
         self.config = config or EpisodeConfig()
         self._prompt: Mapping[str, Any] | None = None
         self._info: dict[str, Any] = {}
+        self._draws = None
 
     # -- episode -----------------------------------------------------------
     def reset(self, prompt: Mapping[str, Any]) -> str:
@@ -83,6 +90,10 @@ class ToolEnv(Env):
         self._prompt = prompt
         self._info = {"task": task.name, "turns": 0, "tool_calls": 0, "tool_errors": 0,
                       "tool_timeouts": 0, "tool_s": 0.0}
+        self._draws = None
+        if self.config.latency.enabled:
+            self._draws = self.config.latency.episode(prompt["prompt_id"])
+            self._info.update(tool_latency_s=0.0, tool_failures=0)
         question = "\n".join(p for p in (prompt["text"], task.instructions(),
                                           tools.tool_instructions(self.config.tool_format)) if p)
         if self.config.tool_format == "tags":
@@ -98,6 +109,10 @@ class ToolEnv(Env):
         pending = self._begin(action_text)
         if isinstance(pending, StepResult):
             return pending
+        delay, failed = self._draw()
+        time.sleep(delay)
+        if failed:
+            return self._failed()
         return self._tool_done(run_python(pending, limits=self.config.sandbox_limits))
 
     async def astep(self, action_text: str) -> StepResult:
@@ -105,6 +120,10 @@ class ToolEnv(Env):
         pending = await asyncio.to_thread(self._begin, action_text)
         if isinstance(pending, StepResult):
             return pending
+        delay, failed = self._draw()
+        await asyncio.sleep(delay)            # a straggling tool: wall-clock, no CPU
+        if failed:
+            return self._failed()
         return self._tool_done(await run_python_async(pending, limits=self.config.sandbox_limits))
 
     # -- hooks -------------------------------------------------------------
@@ -147,6 +166,19 @@ class ToolEnv(Env):
             info["tool_errors"] += 1
             return self._observe(tools.sanitize("[tool error] " + parsed.error))
         return parsed.code
+
+    def _draw(self) -> tuple[float, bool]:
+        """The latency model's (sleep seconds, failed) for this call; (0, False) when off."""
+        if self._draws is None:
+            return 0.0, False
+        delay, failed = self._draws.next_call()
+        self._info["tool_latency_s"] += delay
+        return delay, failed
+
+    def _failed(self) -> StepResult:
+        self._info["tool_failures"] += 1
+        self._info["tool_errors"] += 1
+        return self._observe(FAILURE_TEXT)
 
     def _tool_done(self, result: ToolResult) -> StepResult:
         info = self._info

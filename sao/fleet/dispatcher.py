@@ -52,7 +52,7 @@ import threading
 import time
 from typing import Iterable
 
-from sao.fleet import intake, staleness
+from sao.fleet import intake, lag_sources, staleness
 from sao.fleet.dispatch_config import DispatcherConfig, FleetError
 from sao.fleet.health import Health
 from sao.fleet.leases import Lease, LeaseBook, requests_by_link
@@ -400,7 +400,7 @@ class Dispatcher(Health, ParityHooks):
             self.metrics.drop(reason)
             return
         traj.prompt_id, traj.epoch, traj.group = self._book.identity(prompt_id)
-        traj.trajectory_id = lease_id
+        lag_sources.stamp_arrival(traj, lease_id, lease, self._version)  # in flight / queued
         stats.trajectories += 1
         stats.action_tokens += traj.num_action_tokens
         self.metrics.accepted += 1

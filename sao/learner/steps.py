@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from sao import algo
+from sao.algo.lag_masks import band_counts_by_lag
 from sao.learner.guards import finite_guard, select_tree
 from sao.learner.state import ModelDef, TrainState
 from sao.models import predict_values, token_logprobs, token_logprobs_and_entropy
@@ -31,6 +32,8 @@ from sao.models import predict_values, token_logprobs, token_logprobs_and_entrop
 ROLLOUT_BEHAVIOUR_LOSSES = ("sao_dis", "ppo_clip")
 # Registry losses that also take the engine's log-probs as a keyword (TIS/MIS).
 ROLLOUT_KWARG_LOSSES = ("grpo_tis", "grpo_mis")
+# Lag bins of the per-lag band counts: lags 0 .. LAG_BINS - 2, then ">= LAG_BINS - 1".
+LAG_BINS = 9
 
 
 def micro_split(x: jax.Array, num_micro: int) -> jax.Array:
@@ -40,8 +43,8 @@ def micro_split(x: jax.Array, num_micro: int) -> jax.Array:
 
 
 def _combine(a: dict, b: dict) -> dict:
-    return {"sum": jax.tree.map(jnp.add, a["sum"], b["sum"]),
-            "max": jax.tree.map(jnp.maximum, a["max"], b["max"])}
+    # "sum" / "count": additive over micro-batches; "max": maxima
+    return {k: jax.tree.map(jnp.maximum if k == "max" else jnp.add, a[k], b[k]) for k in a}
 
 
 def accumulate_grads(loss_fn: Callable, params, inputs: dict, num_micro: int):
@@ -89,6 +92,8 @@ def apply_update(state: TrainState, grads, loss, tx: optax.GradientTransformatio
 def _finalise(aux: dict, count) -> dict[str, jax.Array]:
     out = {k: v / jnp.maximum(count, 1.0) for k, v in aux["sum"].items()}
     out.update(aux["max"])
+    if "count" in aux:                   # raw counts (e.g. per lag), summed over micro-batches
+        out.update(aux["count"])
     return out
 
 
@@ -162,7 +167,10 @@ def actor_grads(params, ref_params, inputs: dict, *, model_def: ModelDef, num_mi
     Args:
       ref_params: reference policy params for the KL term, or None.
       inputs: ``tokens``, ``policy_mask bool[B, T]`` (action tokens that enter
-        the policy loss), ``advantages f32[B, T]``, ``rollout_logprobs f32[B, T]``.
+        the policy loss), ``advantages f32[B, T]``, ``rollout_logprobs f32[B, T]``,
+        optional ``lags i32[B, T]`` (learner version minus the token's version):
+        then the result's aux holds ``lag_counts`` (`sao.algo.lag_masks.band_counts_by_lag`
+        of the ratio against ``rollout_logprobs`` with ``hparams``' band, ``LAG_BINS`` bins).
       policy_loss: registry name; ``sao_dis`` and ``ppo_clip`` take the ratio
         against ``rollout_logprobs``; other losses against the learner's policy at the
         start of the step (one update per step, so this is ``sg(log pi_theta)``
@@ -195,6 +203,11 @@ def actor_grads(params, ref_params, inputs: dict, *, model_def: ModelDef, num_mi
         if entropy_coef:
             loss = loss - entropy_coef * algo.aggregate(ent, mask, agg_mode, **agg)
         aux = _diag_to_aux(diag, n)
+        if "lags" in mb:                 # where the ratio leaves the band: per lag, per side
+            log_ratio = jax.lax.stop_gradient(logp) - mb["rollout_logprobs"]
+            aux["count"] = {"lag_counts": band_counts_by_lag(
+                log_ratio, mb["lags"], mask, eps_low=hparams["eps_low"],
+                eps_high=hparams["eps_high"], num_bins=LAG_BINS)}
         aux["sum"]["entropy"] = jax.lax.stop_gradient(jnp.sum(jnp.where(mask, ent, 0.0)))
         aux["sum"]["policy_loss"] = jax.lax.stop_gradient(pg) * count
         if ref_params is not None and kl_coef:

@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from sao import algo
+from sao.algo.lag_masks import rates_by_lag
 from sao.learner.batch import TrainBatch
 from sao.learner.config import LearnerConfig
 from sao.learner.guards import report_skipped
@@ -72,6 +73,11 @@ def _staleness(batch: TrainBatch, mask, version):
     lag = jnp.where(mask, version - batch.policy_version, 0).astype(jnp.float32)
     return {"batch/staleness_mean": algo.masked_mean(lag, mask),
             "batch/staleness_max": jnp.max(jnp.where(mask, lag, 0.0))}
+
+
+def token_lags(batch: TrainBatch, version):
+    """i32[B, T]: learner version minus the version that sampled each token (0 off the tokens)."""
+    return jnp.where(batch.policy_version >= 0, version - batch.policy_version, 0).astype(jnp.int32)
 
 
 def _masks(batch: TrainBatch, drop_truncated: bool):
@@ -207,12 +213,16 @@ def update_step(cfg: LearnerConfig, steps: CompiledSteps, states: LearnerStates,
         update_actor = not cfg.uses_critic or step >= cfg.critic_warmup_steps
         if update_actor:
             inputs = dict(tokens=batch.tokens, policy_mask=t["policy_mask"],
-                          advantages=t["advantages"], rollout_logprobs=batch.rollout_logprobs)
+                          advantages=t["advantages"], rollout_logprobs=batch.rollout_logprobs,
+                          lags=token_lags(batch, version))
             actor, am = steps.actor_step(actor, states.ref_params, inputs)
+            lag_counts = am.pop("lag_counts", None)
             metrics.update(_prefixed("actor", am))
     new_step = host_scalar(step + 1, jnp.int32, states.step.sharding)
     new = LearnerStates(actor=actor, critic=critic, ref_params=states.ref_params, step=new_step)
     out = to_host(metrics)
+    if update_actor and lag_counts is not None:
+        out.update(rates_by_lag(jax.device_get(lag_counts), "dis/"))
     out.update({"learner/step": float(step + 1), "learner/actor_updated": float(update_actor),
                 "learner/policy_version": float(new.policy_version),
                 "learner/nonfinite_skips": report_skipped(step + 1, out)})

@@ -1,11 +1,14 @@
 """Jitted prefill, KV-cache decode, sampling and a `generate` loop.
 
-Reported log-probs (choice, documented for the engine and the learner): the
-log-prob of the chosen token under ``log_softmax(logits / temperature)``,
-BEFORE top-p / top-k truncation, i.e. exactly what `token_logprobs(model,
-tokens, temperature=T)` recomputes. (The token is drawn from the truncated
-distribution; the untruncated log-prob is the one the learner can reproduce.)
-Temperature 0 means greedy; greedy rows report ``log_softmax(logits)`` (T = 1).
+Reported log-probs: the log-prob of the chosen token under the distribution
+it was drawn from, ``log_softmax(logits / temperature)`` AFTER top-p / top-k
+truncation (renormalised over the kept tokens). That is the behaviour
+policy of an importance ratio (DIS, PPO clip against the engine's log-probs):
+the learner's ``token_logprobs(model, tokens, temperature=T)`` is the
+untruncated target policy, and at lag 0 their ratio is the truncation's own
+``p / p_kept <= 1``. Without truncation (``top_p >= 1``, ``top_k <= 0``) both
+are the same numbers. Temperature 0 means greedy; greedy rows report
+``log_softmax(logits)`` (T = 1).
 
 `prefill` / `decode_step` take the NNX model, split it and call pure jitted
 functions (`decode_step` donates the cache). Rows are independent: each row
@@ -57,8 +60,10 @@ def sample_tokens(rng: jax.Array, logits: jax.Array, temperature=1.0, top_p=1.0,
         <= 0 = greedy, top_p >= 1 and top_k <= 0 disable truncation.
       truncate: False skips the top-p/top-k code (a static speed switch).
     Returns:
-      (tokens i32[B], logprobs f32[B]) with logprobs of the untruncated
-      ``log_softmax(logits / temperature)`` (T = 1 for greedy rows).
+      (tokens i32[B], logprobs f32[B]) with logprobs of the distribution the
+      token was drawn from: ``log_softmax(logits / temperature)`` with the
+      tokens cut by top-k / top-p at ``-inf`` (ties at a cut are kept), so the
+      kept tokens renormalise; greedy rows: ``log_softmax(logits)`` (T = 1).
     """
     b = logits.shape[0]
     temperature = _row_param(temperature, b, jnp.float32)
@@ -80,7 +85,9 @@ def sample_tokens(rng: jax.Array, logits: jax.Array, temperature=1.0, top_p=1.0,
         masked = jnp.where(masked < threshold, -jnp.inf, masked)
     drawn = jax.random.categorical(rng, masked, axis=-1)
     tokens = jnp.where(greedy, jnp.argmax(scaled, axis=-1), drawn).astype(jnp.int32)
-    return tokens, jnp.take_along_axis(logp, tokens[:, None], -1)[:, 0]
+    sampled = jax.nn.log_softmax(masked, axis=-1) if truncate else logp  # what `drawn` came from
+    chosen = jnp.where(greedy[:, None], logp, sampled)
+    return tokens, jnp.take_along_axis(chosen, tokens[:, None], -1)[:, 0]
 
 
 def _prefill(model, tokens, lengths, cache):

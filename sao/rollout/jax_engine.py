@@ -18,8 +18,9 @@ every token records the version that sampled it, so versions are
 non-decreasing along each completion (docs/algorithm.md §6).
 
 Log-probs are those of ``sao.models.sample_tokens``: the chosen token under
-``log_softmax(logits / temperature)`` before top-p/top-k truncation, which is
-what ``token_logprobs(model, tokens, temperature=T)`` recomputes.
+the distribution it was drawn from (``log_softmax(logits / temperature)``
+after top-p/top-k truncation); without truncation that is what
+``token_logprobs(model, tokens, temperature=T)`` recomputes.
 
 The jitted work runs in one worker thread so the asyncio loop (agent loops,
 RPC) stays responsive while the device computes.
@@ -144,6 +145,11 @@ class JaxEngine(Engine):
       version: learner version of ``model``'s weights.
       seed: PRNG seed of the sampler.
       cache_dtype: KV cache dtype (default: the model's compute dtype).
+      serve_dtype: dtype the served floating-point weights are cast to (e.g.
+        ``jnp.bfloat16`` for a bf16 inference engine beside an f32 learner, as
+        in production; the KV cache then defaults to it too); None serves the
+        weights as given. Loaded / set weights must still match the model's
+        own dtypes and are cast on arrival.
       decode_chunk: decode steps per device call (multi-step scheduling):
         fewer host round trips, at the price of admissions and weight swaps
         waiting up to that many steps and finished rows idling until the
@@ -152,17 +158,23 @@ class JaxEngine(Engine):
     """
 
     def __init__(self, model, *, max_slots: int = 8, max_len: int = 1024, version: int = 0,
-                 seed: int = 0, cache_dtype=None, decode_chunk: int = 8):
+                 seed: int = 0, cache_dtype=None, decode_chunk: int = 8, serve_dtype=None):
         if max_slots < 1 or max_len < 2 or decode_chunk < 1:
             raise ValueError(f"max_slots >= 1, max_len >= 2 and decode_chunk >= 1 needed, "
                              f"got {max_slots}, {max_len}, {decode_chunk}")
         self.decode_chunk = int(decode_chunk)
         self.cfg = model.cfg
         self.max_slots, self.max_len = int(max_slots), int(max_len)
-        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
         if jax.tree.leaves(self._rest):
             raise ValueError("JaxEngine serves models whose state is only nnx.Param")
+        # Shapes / dtypes of the model's own weights: what loads must match.
+        self._spec = jax.tree.map(ocp.utils.to_shape_dtype_struct, params)
+        self.serve_dtype = None if serve_dtype is None else jnp.dtype(serve_dtype)
+        self._params = self._cast(params)
         self._version = int(version)
+        if cache_dtype is None and self.serve_dtype is not None:
+            cache_dtype = self.serve_dtype
         self._cache_dtype = cache_dtype
         self._cache = init_cache(self.cfg, self.max_slots, self.max_len, cache_dtype)
         self._rng = jax.random.key(seed)
@@ -289,16 +301,22 @@ class JaxEngine(Engine):
     # -- weights --------------------------------------------------------------------
 
     def _restore(self, uri: str) -> nnx.State:
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, self._params)
         with ocp.StandardCheckpointer() as ckptr:
-            return ckptr.restore(uri, abstract)
+            return ckptr.restore(uri, self._spec)
 
     def _checked(self, params: nnx.State) -> nnx.State:
-        want = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
+        want = jax.tree.map(lambda x: (x.shape, x.dtype), self._spec)
         got = jax.tree.map(lambda x: (x.shape, x.dtype), params)
         if jax.tree.structure(want) != jax.tree.structure(got) or want != got:
             raise ValueError("new weights do not match the served model's structure")
-        return params
+        return self._cast(params)
+
+    def _cast(self, params: nnx.State) -> nnx.State:
+        """``params`` with floating leaves in ``serve_dtype`` (unchanged when None)."""
+        if self.serve_dtype is None:
+            return params
+        return jax.tree.map(lambda x: x.astype(self.serve_dtype)
+                            if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
     # -- scheduler ------------------------------------------------------------------
 

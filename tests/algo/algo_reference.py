@@ -137,3 +137,18 @@ def tis_loop(logprobs, old_logprobs, rollout_logprobs, advantages, mask, eps_low
             weight = min(w, cap) if mode == "truncate" else (w if w <= cap else 0.0)
             loss[idx] = weight * ppo[idx]
     return loss
+
+
+def band_counts_by_lag_loop(log_ratio, lags, mask, eps_low, eps_high, num_bins):
+    """Token-by-token counts of all / below-band / above-band action tokens per lag bin."""
+    out = {k: np.zeros(num_bins) for k in ("tokens", "low", "high")}
+    for b in range(log_ratio.shape[0]):
+        for t in range(log_ratio.shape[1]):
+            if not mask[b, t]:
+                continue
+            k = min(max(int(lags[b, t]), 0), num_bins - 1)
+            r = float(np.exp(np.float64(log_ratio[b, t])))
+            out["tokens"][k] += 1
+            out["low"][k] += r <= 1.0 - eps_low
+            out["high"][k] += r >= 1.0 + eps_high
+    return out

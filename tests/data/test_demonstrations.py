@@ -45,3 +45,27 @@ def test_tokenized_masks_cover_actions_only():
     assert observed == "Calculate 2 * 3.\n<python>print(2 * 3)</python><output>6</output><answer>6</answer>"
     with pytest.raises(ValueError, match="max_len"):
         demonstrations.tokenize_demonstrations([demo], tok, max_len=10)
+
+
+def test_style_mix_demonstrates_every_drift_style():
+    import re
+
+    from sao.envs.judges import STYLES
+    mix = demonstrations.parse_style_mix("bare:0.7,sentence:0.15,boxed:0.15")
+    mixed = demonstrations.arithmetic_demonstrations(600, seed=3, tool_fraction=0.5,
+                                                     style_mix=mix)
+    plain = demonstrations.arithmetic_demonstrations(600, seed=3, tool_fraction=0.5)
+    assert [d.uses_tool for d in mixed] == [d.uses_tool for d in plain]   # same tool choices
+    counts = dict.fromkeys(STYLES, 0)
+    for d in mixed:
+        final = re.search(r"<answer>(.*)</answer>$", d.response_text).group(1)
+        matched = [s for s, (_, rx) in STYLES.items() if rx.fullmatch(final)]
+        assert len(matched) == 1 and d.answer in final       # the drift judge's style regexes
+        counts[matched[0]] += 1
+    assert 0.63 < counts["bare"] / 600 < 0.77
+    assert 0.1 < counts["sentence"] / 600 < 0.2 and 0.1 < counts["boxed"] / 600 < 0.2
+    assert all(d.response_text.endswith(f"<answer>{d.answer}</answer>") for d in plain)
+    assert demonstrations.parse_style_mix("") == {}
+    for bad in ("bold:1", "bare:-1", "bare:0"):
+        with pytest.raises(ValueError):
+            demonstrations.parse_style_mix(bad)

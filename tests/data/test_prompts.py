@@ -174,3 +174,24 @@ def test_epoch_and_group_reach_the_trajectory_without_parsing_ids():
                    trajectory_id="x", epoch=3, group=5)
     back = codec.decode(codec.encode(t))
     assert (back.prompt_id, back.epoch, back.group) == ("t/0", 3, 5)
+
+
+def test_prompt_stream_resample_issues_a_fresh_group_and_survives_a_checkpoint():
+    # A dropped GRPO group's prompt comes back as attempt 1 (groups G..2G-1), ahead of new records.
+    recs = [make_prompt(f"p{i}", "t", f"q{i}", {}) for i in range(4)]
+    stream = PromptStream(prompt_iterator(recs, seed=0), group_size=2, records=recs)
+    first = next(stream)
+    assert stream.resample("p3", 0, 1) and not stream.resample("nope", 0, 1)
+    second = next(stream)                                   # the rest of the current group first
+    assert (second["prompt_id"], second["group"]) == (first["prompt_id"], 1)
+    state = json.loads(json.dumps(stream.get_state()))
+    assert state["resample"] == [["p3", 0, 1]]
+    again = PromptStream(prompt_iterator(recs, seed=0), group_size=2, records=recs)
+    again.set_state(state)
+    out = [next(again) for _ in range(3)]
+    assert [(r["prompt_id"], r["epoch"], r["group"]) for r in out[:2]] == [("p3", 0, 2), ("p3", 0, 3)]
+    assert out[2]["prompt_id"] != "p3" or out[2]["group"] == 0  # then the iterator goes on
+    with pytest.raises(ValueError, match="attempt"):
+        stream.resample("p1", 0, 0)
+    with pytest.raises(ValueError, match="does not have"):
+        PromptStream(prompt_iterator(recs, seed=0), group_size=2).set_state(state)

@@ -9,7 +9,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from experiments.repro import ARM_NAMES, base, report, results, sweep  # noqa: E402
+from experiments.repro import (ARM_NAMES, ROUND_ONE_ARM_NAMES, base, mech, report,  # noqa: E402
+                               results, sweep)
+from experiments.repro import records as rec  # noqa: E402
 from sao import provenance  # noqa: E402
 
 
@@ -19,26 +21,45 @@ def _cfg(arm, seed=0, overrides=()):
 
 @pytest.fixture(scope="module")
 def configs():
-    return {a: _cfg(a, 1) for a in ARM_NAMES}
+    return {a: _cfg(a, 1) for a in ROUND_ONE_ARM_NAMES}      # round two's: test_repro_mech
 
 
 def test_every_arm_file_is_listed():
     files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
-             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study"}
-    assert files == set(ARM_NAMES)
+             if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study",
+                                      "claims", "records", "progress", "verdicts", "mech",
+                                      "pilot"}
+    assert files == set(ARM_NAMES) | set(ROUND_ONE_ARM_NAMES)
 
 
 def test_arms_share_budget_seed_and_warm_start(configs):
     sft = None
     for arm, c in configs.items():
         assert c.name == arm and c.seed == 1 and c.data.shuffle_seed == 1
-        assert (c.run.steps, c.learner.batch_size) == (base.STEPS, base.BATCH)
+        assert c.learner.batch_size == base.BATCH and c.eval.align_actor_updates
         assert c.learner.batch_size % c.rollout.group_size == 0
         key = json.dumps({"model": c.model.to_dict(), "sft": c.sft.to_dict(),
                           "task": c.env.task_config.basic_arithmetic.to_dict()}, default=str)
         assert sft in (None, key), arm
         sft = key
-    sweep.check_shared_sft(list(ARM_NAMES), 1, [])
+    sweep.check_shared_sft(list(ROUND_ONE_ARM_NAMES), 1, [])
+
+
+def test_every_arm_gets_the_same_actor_updates_and_charges_its_critic(configs):
+    # Issue 22: the critic warm-up used to eat actor steps (SAO 38 updates to GRPO's 40).
+    # A learner step updates the actor unless it is one of the critic's warm-up steps
+    # (sao.learner.update: step >= critic_warmup_steps, with a critic).
+    for arm, c in configs.items():
+        warm = c.critic.critic_warmup_steps if c.learner.advantage_estimator == "gae" else 0
+        assert c.run.steps - warm == base.STEPS, arm
+        plan = base.planned_budget(c)
+        assert (plan["actor_updates"], plan["actor_trajectories"]) == (base.STEPS,
+                                                                        base.STEPS * base.BATCH)
+        assert plan["critic_only_trajectories"] == warm * base.BATCH
+        assert plan["planned"] == c.run.steps * base.BATCH + plan["pretraining"]
+    assert base.planned_budget(configs["sao"])["critic_only_trajectories"] > 0
+    assert base.planned_budget(configs["vapo"])["pretraining"] > 0
+    assert base.planned_budget(configs["grpo"])["pretraining"] == 0
 
 
 def test_arms_differ_where_their_files_say(configs):
@@ -86,7 +107,7 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
     assert "%" not in text.split("## Held-out pass@1")[1].split("### Paired against SAO")[0]
     paired_rows = text.split("### Paired against SAO")[1].split("## Value model")[0].splitlines()
     paired_rows = [r for r in paired_rows if r.startswith("| `")]
-    assert len(paired_rows) == 12 and all(r.endswith("| — | — | — |") for r in paired_rows)
+    assert len(paired_rows) == 7 and all(r.endswith("| — | — | — |") for r in paired_rows)
     assert "Not measured yet" in text
     assert "none recorded; 0 finished run(s) predate" in text
     assert sorted(os.listdir(plots)) == sorted(f"repro_{n}.png" for n in (
@@ -94,17 +115,32 @@ def test_report_on_no_runs_invents_nothing(tmp_path):
 
 
 def test_collapse_and_time_to_target():
-    rl = [{"step": 0, "time_s": 1.0, "eval/accuracy": 0.5},
-          {"step": 10, "time_s": 20.0, "eval/accuracy": 0.6},
-          {"step": 20, "time_s": 40.0, "eval/accuracy": 0.25},
-          {"step": 30, "time_s": 60.0, "eval/accuracy": 0.3}]
+    rl = [{"step": 0, "time_s": 1.0, "eval/accuracy": 0.5}]
+    for step in range(1, 31):                          # 2 s per RL step
+        rl.append({"step": step, "time_s": 1.0 + 2 * step, "time/step_s": 2.0})
+    for step, acc in ((10, 0.6), (20, 0.25), (30, 0.3)):
+        rl[step]["eval/accuracy"] = acc
     run = results.Run("sao", 0, "done", {}, rl)
     assert run.collapse_step() == 20
     assert results.time_to(run, 0.55) == 20.0 and results.time_to(run, 0.9) is None
-    rl[2]["eval/accuracy"] = 0.55                      # back above the start: no collapse
+    rl[20]["eval/accuracy"] = 0.55                     # back above the start: no collapse
     assert run.collapse_step() is None
-    rl[3]["time_s"] = 5.0                              # a resumed run's clock restarts
-    assert run.timed_evals() == []
+
+
+def test_a_resumed_run_that_reached_the_target_counts():
+    # Issue 22: time_to gave None for a resumed run (its process clock restarts). The RL
+    # clock sums each step's seconds, so the steps of both attempts count, once each.
+    rl = [{"step": 0, "time_s": 50.0, "eval/accuracy": 0.3}]
+    for step in range(1, 21):
+        t = 50.0 + 3 * step if step <= 12 else 40.0 + 3 * (step - 12)   # resumed after step 12
+        rl.append({"step": step, "time_s": t, "time/step_s": 3.0})
+    rl[10]["eval/accuracy"], rl[20]["eval/accuracy"] = 0.4, 0.7
+    run = results.Run("sao", 0, "done", {"accuracy_after": 0.7}, rl)
+    assert results.time_to(run, 0.6) == 60.0 and results.time_to(run, 0.35) == 30.0
+    assert run.timed_evals() == [(0.0, 0.3), (30.0, 0.4), (60.0, 0.7)]
+    table, target = report.wallclock_table({"m_sao": [run], "m_grpo_sync": [
+        results.Run("m_grpo_sync", 0, "done", {"accuracy_after": 0.7}, rl)]})
+    assert target == pytest.approx(0.63) and "| `m_sao` | 1/1 | 60.000 (n=1) |" in table
 
 
 def test_paired_differences_and_t_interval():
@@ -127,25 +163,22 @@ def test_paired_differences_and_t_interval():
 
 
 def test_drift_table_recomputes_adaptation_from_the_records():
-    s1, s2 = base.DRIFT_SWITCHES
+    s1, = mech.DRIFT_SWITCHES                      # round two: one switch
 
     def run(seed, rewards):
         rl = [{"step": v + 1, "env/learner_step": v, "rollout/reward": r}
               for v, r in enumerate(rewards)]
-        return results.Run("drift_sao", seed, "done", {"drift": "stale copy, not read"}, rl)
-    # seed 0 is back at full reward 2 versions after the first switch (lag: the version where
-    # the last `window` rewards first average above the level); seed 1 never finds the style
-    # (reward 0 from the switch on: the second switch has nothing to recover)
-    ok = [1.0] * s1 + [0.0, 0.5, 1.0, 1.0, 1.0] + [1.0] * (s2 - s1 - 5) + [1.0] * 10
-    lost = [1.0] * s1 + [0.0] * (s2 - s1 + 10)
-    table = report.drift_table({"drift_sao": [run(0, ok), run(1, lost)]})
-    row = next(r for r in table.splitlines() if r.startswith("| `drift_sao`"))
+        return results.Run("m_drift_sao", seed, "done", {"drift": "stale copy, not read"}, rl)
+    # seed 0 is back at full reward 2 versions after the switch (lag: the version where the
+    # last `window` rewards first average above the level); seed 1 never finds the style
+    ok = [1.0] * s1 + [0.0, 0.5, 1.0, 1.0, 1.0] + [1.0] * 10
+    lost = [1.0] * s1 + [0.0] * 15
+    table = report.drift_table({"m_drift_sao": [run(0, ok), run(1, lost)]})
+    row = next(r for r in table.splitlines() if r.startswith("| `m_drift_sao`"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    window = sweep.arm_config("drift_sao", 0, []).env.drift_recovery_window
+    window = sweep.arm_config("m_drift_sao", 0, []).env.drift_recovery_window
     assert cells[1] == f"{float(2 + window - 1):.3f} (n=1); recovered 1/2"
-    assert cells[2] == (f"{float(window - 1):.3f} (n=1); recovered 1/1; nothing to recover in 1 "
-                        "of 2 seeds (zero reward before the switch)")
-    assert cells[3].startswith("1.000 ± 0.000 (n=2) / ")
+    assert cells[2].startswith("1.000 ± 0.000 (n=2) / ")
 
 
 SMOKE = ["learner.batch_size=8", "run.steps=2", "sft.steps=3", "sft.num_demos=64",
@@ -161,24 +194,34 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
     runs = str(tmp_path / "runs")
     arms = ["sao", "grpo"]
-    states = sweep.run(runs, arms, [0], SMOKE)
+    records = str(tmp_path / "records")               # the committed folder's stand-in
+    clean = rec.git_state()["clean"]                   # development trees are dirty
+    states = sweep.run(runs, arms, [0], SMOKE, allow_dirty=True, records=records)
     logs = [os.path.join(sweep.sft_dir(runs, 0), "driver.log")] + [
         os.path.join(sweep.run_dir(runs, a, 0), "driver.log") for a in arms]
     assert states == {("sao", 0): "done", ("grpo", 0): "done"}, "\n".join(
         open(p).read()[-2000:] for p in logs if os.path.exists(p))
     for arm in arms:
         d = sweep.run_dir(runs, arm, 0)
-        assert json.load(open(os.path.join(d, "summary.json")))["steps"] == 2
+        summary = json.load(open(os.path.join(d, "summary.json")))
+        assert summary["budget"]["actor_updates"] == summary["policy_version"] == 2  # run.steps=2
+        assert summary["steps"] == 2 + (2 if arm == "sao" else 0)   # + SAO's critic warm-up
         assert os.path.exists(os.path.join(d, "sft", "result.json"))   # the seed's shared SFT
     attempts = {a: json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json")))
                 for a in arms}
-    assert sweep.run(runs, arms, [0], SMOKE) == states               # rerun: nothing to do
+    for arm in arms:                                   # recorded only from a clean commit
+        assert rec.is_recorded(records, arm, 0) == clean
+    assert sweep.run(runs, arms, [0], SMOKE, allow_dirty=True,
+                     records=records) == states        # rerun: nothing to do
     for a in arms:
         assert json.load(open(os.path.join(sweep.run_dir(runs, a, 0), "attempts.json"))) == attempts[a]
     out = tmp_path / "RESULTS.md"
-    assert sweep.main(["report", "--runs", runs, "--arms", "sao,grpo", "--seeds", "0",
-                       "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
+    assert sweep.main(["report", "--runs", records if clean else runs, "--arms", "sao,grpo",
+                       "--seeds", "0", "--out", str(out), "--plots", str(tmp_path / "plots")]) == 0
     text = out.read_text()
+    if not clean:                                      # a dirty tree's runs are never reported
+        assert "| `sao` | SAO | dirty |" in text
+        return
     assert "| `sao` | SAO | done |" in text and "(n=1)" in text
     version = provenance.read_run_info(sweep.run_dir(runs, "sao", 0))[0]["code_version"]
     assert f"`{version}` (2 runs); 0 finished run(s) predate" in text
@@ -215,7 +258,7 @@ def test_one_sweep_at_a_time_per_runs_directory(tmp_path):
         held.write("4242")
         held.flush()
         with pytest.raises(RuntimeError, match="pid 4242"):
-            sweep.run(runs, ["sao"], [0], [])
+            sweep.run(runs, ["sao"], [0], [], allow_dirty=True, records=None)
 
 
 _DRIVER = """
@@ -225,7 +268,7 @@ from experiments.repro import sweep
 sweep.check_shared_sft = lambda *args: None
 marker = {reversed_marker!r}[::-1]   # spelt backwards here: only the fake run's command has it
 sweep._python_cmd = lambda *args: [sys.executable, "-c", "import time; time.sleep(120)", marker]
-sweep.run({runs!r}, ["sao", "grpo"], [0], [])
+sweep.run({runs!r}, ["sao", "grpo"], [0], [], allow_dirty=True, records=None)
 """
 
 

@@ -254,3 +254,27 @@ def test_seq_advantages_only_with_given(learner):
     batch = make_train_batch([traj([1], [2], 1.0)], buckets=(8,), batch_size=4, pad_id=256)
     with pytest.raises(ValueError, match="advantage_estimator='given'"):
         learner.update(states, batch, seq_advantages=np.zeros(4))
+
+
+def test_band_counts_per_lag_and_side_reach_the_metrics(learner):
+    """dis/masked_{low,high}/lag{k}: rows at lags 0, 1, 2 with rollout log-probs
+    put inside, below and above the band (0.5, 2.0) land in their own lag's rate."""
+    states = learner.init_states()
+    while int(states.policy_version) < 2:
+        states, _ = learner.update(states, _hand_batch(learner, states))
+    p = [257, 1, 2]
+    trajs = [traj(p, [GOOD, GOOD], 1.0, version=2, pid="a"),      # lag 0: in band
+             traj(p, [BAD, BAD, BAD], -1.0, version=1, pid="b"),   # lag 1: r = e^-1, low
+             traj(p, [OTHER], 1.0, version=0, pid="c")]            # lag 2: r = e, high
+    batch = make_train_batch(trajs, buckets=CFG.length_buckets, batch_size=4, pad_id=256)
+    lp = np.asarray(learner.actor_logprobs(states, batch.tokens))
+    shift = np.array([0.0, 1.0, -1.0, 0.0], np.float32)[:, None]
+    batch = batch.replace(rollout_logprobs=np.where(batch.action_mask, lp + shift, 0.0)
+                          .astype(np.float32))
+    _, m = learner.update(states, batch)
+    assert m["dis/tokens/lag0"] == 2 and m["dis/tokens/lag1"] == 3 and m["dis/tokens/lag2"] == 1
+    assert m["dis/masked_low/lag0"] == 0 and m["dis/masked_high/lag0"] == 0
+    assert m["dis/masked_low/lag1"] == 1 and m["dis/masked_high/lag1"] == 0
+    assert m["dis/masked_low/lag2"] == 0 and m["dis/masked_high/lag2"] == 1
+    assert not any(k.startswith("dis/") and "lag3" in k for k in m)
+    np.testing.assert_allclose(m["actor/frac_masked_low"], 3 / 6, rtol=1e-6)

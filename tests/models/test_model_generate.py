@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from sampling_reference import truncated_logprobs
 from sao.models import (Transformer, decode_step, generate, get_preset, init_cache, prefill,
                         sample_tokens, token_logprobs, write_cache_row)
 
@@ -96,8 +97,8 @@ def test_sample_tokens_truncation():
     keys = jax.random.key(0)
     tok, lp = sample_tokens(keys, logits, 1.0, 1.0, 2)
     assert set(np.unique(tok)) == {0, 1}
-    np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3, 0.15, 0.05]))[np.asarray(tok)],
-                               atol=1e-6)  # untruncated log-prob is reported
+    np.testing.assert_allclose(lp, np.log(np.array([0.5, 0.3]) / 0.8)[np.asarray(tok)],
+                               atol=1e-6)  # the log-prob of the top-2 distribution drawn from
     tok, _ = sample_tokens(keys, logits, 1.0, 0.7, 0)  # 0.5 + 0.3 reaches 0.7
     assert set(np.unique(tok)) == {0, 1}
     tok, _ = sample_tokens(keys, logits, 1.0, 0.85, 0)
@@ -146,3 +147,22 @@ def test_bad_arguments(model):
         prefill(model, PROMPTS, LENGTHS, init_cache(model.cfg, 2, 4))
     with pytest.raises(ValueError, match="row cache"):
         write_cache_row(init_cache(model.cfg, 2, 16), 0, init_cache(model.cfg, 1, 8))
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [
+    (1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (1.0, 0.6, 7), (0.5, 0.95, 3), (1.0, 0.3, 0)])
+def test_sample_tokens_reports_the_logprob_of_the_distribution_sampled(temperature, top_p, top_k):
+    # Random logits with ties, against the NumPy reference of the truncated distribution:
+    # every drawn token is kept by the reference, its log-prob is the reference's, and the
+    # empirical frequencies follow exp(reference).
+    rng = np.random.default_rng(int(100 * temperature + 10 * top_p + top_k))
+    row = np.round(rng.normal(size=12) * 2, 1).astype(np.float32)
+    row[3] = row[7]                                          # a tie
+    n = 4000
+    tok, lp = sample_tokens(jax.random.key(1), jnp.asarray(np.tile(row, (n, 1))),
+                            temperature, top_p, top_k)
+    ref = truncated_logprobs(row, temperature, top_p, top_k)
+    tok = np.asarray(tok)
+    assert np.all(np.isfinite(ref[tok]))
+    np.testing.assert_allclose(np.asarray(lp), ref[tok], atol=2e-5)
+    np.testing.assert_allclose(np.bincount(tok, minlength=12) / n, np.exp(ref), atol=0.03)

@@ -16,7 +16,7 @@ from sao.fleet.dispatcher import Dispatcher, DispatcherConfig
 from sao.fleet.worker import RolloutServicer
 from sao.rl_loop import batch_metrics
 from sao.rpc import auth, codec, credentials, sao_pb2, sao_pb2_grpc
-from sao.train import env_metrics
+from sao.envs.facts import env_metrics
 from sao.types import Trajectory
 
 from . import hostile

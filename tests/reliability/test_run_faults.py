@@ -294,4 +294,10 @@ def test_grpo_run_resumes_from_a_checkpoint_holding_groups(scenario):
     rl = [r for r in run_metrics.read_metrics(scenario["workdir"]) if r["phase"] == "rl"]
     after = [r for r in rl if r["step"] > k]
     assert [r["step"] for r in after][-(STEPS - k):] == list(range(k + 1, STEPS + 1))
-    assert all(r["groups/dropped"] == 0 for r in after)
+    # No group lost to the resume: none evicted as incomplete, and every row the batcher got
+    # since the start is served, held or dropped with a stale group (re-sampled then).
+    assert all(r["groups/dropped_evicted"] == 0 for r in after)
+    for r in after:
+        assert r["groups/rows_in"] == (r["groups/rows_served"] + r["groups/dropped_rows"]
+                                       + r["groups/late_rows"] + r["groups/held_rows"])
+        assert r["groups/dropped"] == r["groups/resampled"] + r["groups/abandoned"]

@@ -5,6 +5,7 @@ import functools
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -15,6 +16,7 @@ from sao.models.tokenizer import ByteTokenizer
 from sao.rollout import EngineError, SamplingParams, run_episodes
 from sao.rollout.jax_engine import JaxEngine
 from sao.types import validate
+from sampling_reference import truncated_logprobs
 
 # Smaller than the `tiny` preset: this file is about scheduling, not capacity.
 CFG = dataclasses.replace(get_preset("tiny"), hidden_size=64, num_layers=1, num_heads=2,
@@ -50,9 +52,11 @@ def prompts(n, seed=0):
 def test_concurrent_requests_logprobs_match_token_logprobs(models):
     model, _ = models
     stops = tuple(range(0, 272, 17))
-    cases = [(p, SamplingParams(temperature=t, top_p=tp, max_new_tokens=n, stop_token_ids=stops))
-             for p, t, tp, n in zip(prompts(6), [1.0, 0.7, 1.0, 0.5, 1.3, 1.0],
-                                    [1.0, 1.0, 0.9, 1.0, 1.0, 1.0], [12, 5, 12, 9, 12, 1])]
+    cases = [(p, SamplingParams(temperature=t, top_p=tp, top_k=k, max_new_tokens=n,
+                                stop_token_ids=stops))
+             for p, t, tp, k, n in zip(prompts(6), [1.0, 0.7, 1.0, 0.5, 1.3, 1.0],
+                                       [1.0, 1.0, 0.9, 1.0, 1.0, 1.0], [0, 0, 0, 0, 5, 0],
+                                       [12, 5, 12, 9, 12, 1])]
 
     async def main():
         engine = JaxEngine(model, max_slots=4, max_len=64)
@@ -70,8 +74,22 @@ def test_concurrent_requests_logprobs_match_token_logprobs(models):
         else:
             assert len(c.tokens) == sp.max_new_tokens
         assert not any(t in stops for t in c.tokens[:-1])
-        np.testing.assert_allclose(c.logprobs, recomputed(model, prompt, c, sp.temperature),
-                                   atol=1e-5)
+        if sp.top_p < 1.0 or sp.top_k > 0:   # the truncated distribution the token came from
+            np.testing.assert_allclose(c.logprobs, truncated_reference(model, prompt, c, sp),
+                                       atol=1e-4)
+            assert np.all(np.asarray(c.logprobs) >= recomputed(model, prompt, c, sp.temperature)
+                          - 1e-5)                  # renormalised over fewer tokens: never lower
+        else:
+            np.testing.assert_allclose(c.logprobs, recomputed(model, prompt, c, sp.temperature),
+                                       atol=1e-5)
+
+
+def truncated_reference(model, prompt, completion, sp):
+    """NumPy reference log-probs of the completion under top-p / top-k truncation."""
+    seq = np.asarray([prompt + completion.tokens], np.int32)
+    logits = np.asarray(model(jnp.asarray(seq)), np.float64)[0]
+    return [truncated_logprobs(logits[len(prompt) + i - 1], sp.temperature, sp.top_p, sp.top_k)[t]
+            for i, t in enumerate(completion.tokens)]
 
 
 def test_swap_mid_generation_keeps_requests_and_orbax_reload(models, tmp_path):
