@@ -197,7 +197,10 @@ def validate(traj: Trajectory, *, vocab_size: int, learner_version: int | None =
     if learner_version is not None and versions.max() > learner_version:
         return "future_version"
     timings = traj.timings if isinstance(traj.timings, Mapping) else {None: None}
+    # ``fleet_*`` keys are the dispatcher's own stamps (sao.fleet.lag_sources, e.g. a Unix
+    # time): it overwrites whatever a worker sent under them, so only the rest is checked
+    # here (a restored buffer holds stamped rows).
     if not all(isinstance(v, (int, float)) and 0.0 <= v <= MAX_TIMING_S
-               for v in timings.values()):
+               for k, v in timings.items() if not (isinstance(k, str) and k.startswith("fleet_"))):
         return "bad_timing"
     return metadata_error(traj.metadata)

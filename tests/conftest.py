@@ -20,6 +20,9 @@ SHARED = {
                  "tests/notebooks/test_trajectory_viewer_notebook.py"),   # test_main_support
     "shared_learner": ("tests/learner/test_update.py", "tests/analysis/test_token_table.py",
                        "tests/test_ckpt.py"),                            # learner/helpers.py
+    # Memory, not an artefact: two SmolLM2 runs at once (learner ~6 GB + two workers
+    # each) went past this machine's 24 GB and the OOM killer ended one.
+    "smollm2_runs": ("tests/e2e/test_smollm2_run.py", "tests/e2e/test_swe_runs.py"),
 }
 _GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
 

@@ -356,8 +356,15 @@ def _parse_input_logprobs(out: dict[str, Any], seq: list[int]) -> list[float]:
         lps = [None if e[0] is None else float(e[0]) for e in entries]
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise EngineError(f"malformed input_token_logprobs: {str(out)[:300]}") from e
+    n = len(seq)
+    if ids != seq and len(ids) > n:     # long inputs: entries can repeat, as for the output's
+        for start in (len(ids) - n, 0):                  # the last n, else the first n
+            if ids[start:start + n] == seq:
+                ids, lps = ids[start:start + n], lps[start:start + n]
+                break
     if ids != seq:
-        raise EngineError(f"input_token_logprobs cover ids {ids[:8]}..., not the "
+        raise EngineError(f"input_token_logprobs cover {len(ids)} ids {ids[:8]}..., not the "
+                          f"{n} of "
                           f"scored sequence {seq[:8]}...")
     rest = lps[1:]
     if any(v is None or not math.isfinite(v) for v in rest):
