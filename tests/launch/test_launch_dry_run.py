@@ -40,9 +40,11 @@ def test_tpu_vm_launch_commands():
     assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
     learner = next(l for l in lines if "--role=learner" in l)
     assert "--worker=all" in learner and "--role=learner" in learner
-    assert lines[-2:] == ["[local, at exit] gcloud compute ssh f1 --zone=us-east5-a '--command=kill -TERM "
-                          "$(cat $HOME/.sao/fleet-t1.pid) 2>/dev/null; rm -f $HOME/.sao/fleet-t1.pid; true'",
-                          "[local, at exit] gcloud compute tpus tpu-vm delete t1 --zone=us-east5-a --quiet"]
+    at_exit = [l for l in lines if l.startswith("[local, at exit]")]
+    for vm in ("f0", "f1"):                    # every fleet VM's servers stopped, then the TPU deleted
+        assert (f"[local, at exit] gcloud compute ssh {vm} --zone=us-east5-a '--command=kill -TERM "
+                "$(cat $HOME/.sao/fleet-t1.pid) 2>/dev/null; rm -f $HOME/.sao/fleet-t1.pid; true'") in at_exit
+    assert at_exit[-1] == "[local, at exit] gcloud compute tpus tpu-vm delete t1 --zone=us-east5-a --quiet"
     assert "JAX_NUM_PROCESSES=8" in learner and "JAX_COORDINATOR_ADDRESS=t1-w-0:8476" in learner
     assert "rollout.worker_addresses=f0:50151,f0:50152,f1:50151,f1:50152" in learner
 
@@ -54,7 +56,7 @@ def test_slurm_script():
     assert lines[0] == "# /shared/r/sao.sbatch" and lines[1] == "#!/bin/bash"
     assert "#SBATCH --nodes=2 --gpus-per-node=4" in text and "#SBATCH hetjob" in text
     assert "#SBATCH --nodes=3 --gpus-per-node=4" in text
-    assert "JAX_PROCESS_ID=$SLURM_PROCID" in text and "--role=learner" in text
+    assert 'JAX_PROCESS_ID="$SLURM_PROCID"' in text and "--role=learner" in text
     assert "launch/sglang_fleet.py" in text and "--servers=4" in text
     assert lines[-1] == "[local] sbatch /shared/r/sao.sbatch"
 
@@ -86,7 +88,8 @@ def test_sglang_fleet_commands():
     assert len(lines) == 3 and "ensure_token_file" in lines[0] and lines[0].endswith(" /r")
     cfg, worker1 = worker_config(lines[2])
     assert lines[2].startswith("[worker1] ") and lines[2].endswith(" &")
-    assert worker1[:3] == ["python", "-m", "sao.main"] and "--role=rollout" in worker1
+    assert worker1[0] == "JAX_PLATFORMS=cpu"           # the worker's own JAX stays off the GPUs
+    assert worker1[1:4] == ["python", "-m", "sao.main"] and "--role=rollout" in worker1
     assert "--port=50152" in worker1 and "--worker_index=1" in worker1
     assert cfg.rollout.engine == "sglang" and cfg.model.init == "/m"
     server1 = sglang_setup.make_server(cfg, 1).command()
