@@ -73,7 +73,7 @@ def check_endpoint_trajectories(trajs, vocab_size):
         assert int(np.max(t.tokens)) < vocab_size
 
 
-@pytest.mark.xfail(strict=False, reason="not yet run through pytest on the merged tree (its command ran by hand: 2 steps), issue 24")
+@pytest.mark.xfail(run=False, reason="not yet run through pytest on the merged tree (its command ran by hand: 2 steps in 21 min under load; too long to risk unverified in CI), issue 24")
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_mini_swe_agent_drives_smollm2_through_the_fleet(tmp_path):
