@@ -25,7 +25,7 @@ from typing import Any, Iterable
 
 from sao.fleet.endpoint.messages import Message, RequestError, parse_request
 from sao.fleet.endpoint.session import Session
-from sao.rollout.base import Completion, Engine, SamplingParams
+from sao.rollout.base import Completion, Engine, EngineError, SamplingParams
 
 
 class Recorder:
@@ -97,7 +97,7 @@ class ReplayEngine(Engine):
         return Completion(ids, [-1.0] * len(ids), [0] * len(ids), finish)
 
     async def load_weights(self, version, uri):
-        raise NotImplementedError
+        raise EngineError("a transcript replay answers with recorded text: it loads no weights")
 
     async def health(self) -> bool:
         return True
