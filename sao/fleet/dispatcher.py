@@ -416,6 +416,7 @@ class Dispatcher(Health, ParityHooks):
         for t in self._buffer:
             if staleness.is_stale(t, self._version, self.config.tau):
                 self.metrics.drop("stale")
+                self.metrics.stale_buffered += 1
             else:
                 keep.append(t)
         self._buffer = keep

@@ -54,6 +54,7 @@ class FleetMetrics:
         self.reissued = 0
         self.episode_errors = 0
         self.quarantined = self.version_ahead = 0
+        self.stale_buffered = 0  # accepted, then dropped as stale while buffered
         self.sampled = self.sample_dropped = self.sample_failed = 0
         self.workers: dict[str, WorkerStats] = {}
         self._first_batch_at: float | None = None
@@ -97,6 +98,7 @@ class FleetMetrics:
                 "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
                 "episode_errors": self.episode_errors, "drops": dict(self.drops),
                 "quarantined": self.quarantined, "version_ahead": self.version_ahead,
+                "stale_buffered": self.stale_buffered,
                 "sampled": self.sampled, "sample_dropped": self.sample_dropped,
                 "sample_failed": self.sample_failed,
                 "dropped": sum(self.drops.values()),
@@ -109,12 +111,12 @@ class FleetMetrics:
                 "staleness": {str(k): v for k, v in self.staleness.items()},
                 "accepted": self.accepted, "trained": self.trained, "reissued": self.reissued,
                 "episode_errors": self.episode_errors, "quarantined": self.quarantined,
-                "version_ahead": self.version_ahead}
+                "version_ahead": self.version_ahead, "stale_buffered": self.stale_buffered}
 
     def load_state_dict(self, state: dict) -> None:
         self.drops = collections.Counter(state.get("drops", {}))
         self.staleness = collections.Counter({int(k): v for k, v in
                                               state.get("staleness", {}).items()})
         for key in ("accepted", "trained", "reissued", "episode_errors", "quarantined",
-                    "version_ahead"):
+                    "version_ahead", "stale_buffered"):
             setattr(self, key, int(state.get(key, 0)))
