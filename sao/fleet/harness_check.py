@@ -10,7 +10,9 @@ episode, as the worker's endpoint records them (``EndpointConfig.record_dir``)
 or any OpenAI-compatible proxy logs them. The report: the prefix-stability
 rate (calls whose history repeats what the session recorded, so that
 token-in/token-out holds), the cut histories (where and why a trajectory
-would have been cut, and the tokens lost), and the tokens a re-rendering
+would have been cut, and the tokens lost: the recorded ones the cut drops,
+``cut_tokens_lost``, plus those the transcript's later calls would have
+added, ``tokens_after_cut``; sum: ``tokens_lost_to_cuts``), and the tokens a re-rendering
 endpoint would have changed (``retemplated``). Exit status 0 when every
 call was prefix-stable, 1 otherwise, 2 on a usage error.
 """
@@ -30,11 +32,27 @@ def summarize(reports) -> dict:
     cuts = [{"transcript": r.path, **r.cut} for r in reports if r.cut]
     return {"transcripts": len(reports), "calls": calls, "stable_calls": stable,
             "prefix_stability": stable / calls if calls else 1.0,
-            "cut_histories": cuts, "tokens_lost_to_cuts": sum(c["cut_tokens_lost"] for c in cuts),
+            "cut_histories": cuts, "tokens_lost_to_cuts": sum(r.tokens_lost for r in reports),
             "retemplated_tokens": sum(r.retemplated_tokens for r in reports),
             "tito_tokens": sum(r.tito_tokens for r in reports),
             "errors": {k: sum(r.errors.get(k, 0) for r in reports)
                        for k in sorted({k for r in reports for k in r.errors})}}
+
+
+def report_text(summary: dict) -> str:
+    """``summarize``'s result for a reader, one cut history a line."""
+    lines = [f"{summary['transcripts']} transcripts, {summary['calls']} calls: prefix stability "
+             f"{summary['prefix_stability']:.1%} ({summary['stable_calls']} stable)",
+             f"cut histories: {len(summary['cut_histories'])}, tokens lost to cuts: "
+             f"{summary['tokens_lost_to_cuts']}; tokens a re-rendering endpoint would change: "
+             f"{summary['retemplated_tokens']} of {summary['tito_tokens']}"]
+    for c in summary["cut_histories"]:
+        lines.append(f"  {c['transcript']}: call {c['cut_call']}, message {c['cut_message']}: "
+                     f"{c['cut_reason']} ({c['cut_tokens_lost']} recorded tokens dropped, "
+                     f"{c['tokens_after_cut']} tokens of later calls never reached)")
+    if summary["errors"]:
+        lines.append(f"refused calls: {summary['errors']}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -52,19 +70,7 @@ def main(argv=None) -> int:
         from sao.models.tokenizer_loading import load_tokenizer
         tokenizer = load_tokenizer(args.tokenizer)
     summary = summarize(replay_all(args.paths, tokenizer, dialect_for(tokenizer)))
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(f"{summary['transcripts']} transcripts, {summary['calls']} calls: prefix stability "
-              f"{summary['prefix_stability']:.1%} ({summary['stable_calls']} stable)")
-        print(f"cut histories: {len(summary['cut_histories'])}, tokens lost to cuts: "
-              f"{summary['tokens_lost_to_cuts']}; tokens a re-rendering endpoint would change: "
-              f"{summary['retemplated_tokens']} of {summary['tito_tokens']}")
-        for c in summary["cut_histories"]:
-            print(f"  {c['transcript']}: message {c['cut_message']}: {c['cut_reason']} "
-                  f"({c['cut_tokens_lost']} tokens lost)")
-        if summary["errors"]:
-            print(f"refused calls: {summary['errors']}")
+    print(json.dumps(summary, indent=2) if args.json else report_text(summary))
     return 0 if summary["stable_calls"] == summary["calls"] else 1
 
 

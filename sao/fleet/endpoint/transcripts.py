@@ -14,6 +14,13 @@ stability), where it would have been cut, and how many tokens a re-rendering
 endpoint would have changed (``retemplated_tokens``: ids of the whole final
 conversation rendered from scratch that differ from the session's
 token-in/token-out ids, counted from the first difference).
+
+What a cut costs is two counts: ``cut_tokens_lost``, the ids the session had
+recorded that the cut removes (the trajectory's own metadata; 0 when the
+rewritten message is the latest action, which stays), and
+``tokens_after_cut``, the ids the refused call and every later call of the
+transcript would have added (their new messages, rendered as the session
+renders a continuation, and the model's replies), which no trajectory gets.
 """
 from __future__ import annotations
 
@@ -115,6 +122,11 @@ class ReplayReport:
     tito_tokens: int = 0
     retemplated_tokens: int = 0
 
+    @property
+    def tokens_lost(self) -> int:
+        """Ids a cut costs: recorded ones it removed plus the later calls' (0 without a cut)."""
+        return self.cut.get("cut_tokens_lost", 0) + self.cut.get("tokens_after_cut", 0)
+
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
@@ -128,13 +140,15 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 async def replay(path: str, tokenizer, dialect, *, max_total_tokens: int = 1 << 20) -> ReplayReport:
     """Replays one transcript file; never raises on a bad call (it is counted)."""
     calls, report = load(path), ReplayReport(path)
-    texts = []
+    texts, answered = [], []
     for i in range(len(calls)):
         sampled = (calls[i].get("response") or {}).get("sao", {}).get("text")
+        answered.append(isinstance(sampled, str))
         if isinstance(sampled, str):   # recorded by our endpoint: the model's own text
             texts.append(sampled)
             continue
         msg = _assistant_after(calls, i)
+        answered[-1] = msg is not None
         try:
             m = parse_request({"messages": [msg]}).messages[0] if msg else Message("assistant", "")
         except RequestError:
@@ -143,8 +157,8 @@ async def replay(path: str, tokenizer, dialect, *, max_total_tokens: int = 1 << 
     engine = ReplayEngine(tokenizer, texts)
     session = Session("replay", engine, tokenizer, dialect, SamplingParams(max_new_tokens=1 << 16),
                       max_turns=1 << 30, max_total_tokens=max_total_tokens)
-    last_request = None
-    for call in calls:
+    last_request, cut_call = None, len(calls)
+    for i, call in enumerate(calls):
         report.calls += 1
         try:
             request = parse_request(call["request"])
@@ -154,8 +168,12 @@ async def replay(path: str, tokenizer, dialect, *, max_total_tokens: int = 1 << 
         except RequestError as e:
             report.errors[e.code] = report.errors.get(e.code, 0) + 1
             if session.ended:
+                cut_call = i
                 break
     report.cut = dict(session.cut)
+    if session.cut:
+        report.cut.update(cut_call=cut_call, tokens_after_cut=_tokens_after(
+            calls, cut_call, texts, answered, tokenizer, dialect))
     report.tito_tokens = len(session.traj.tokens)
     if last_request is not None and session.action_ends and not session.cut:
         # The context of the last call as an endpoint re-rendering the whole
@@ -164,6 +182,28 @@ async def replay(path: str, tokenizer, dialect, *, max_total_tokens: int = 1 << 
         fresh = tokenizer.encode(dialect.prompt_text(list(last_request.messages), last_request.tools))
         report.retemplated_tokens = len(tito) - _common_prefix(tito, fresh)
     return report
+
+
+def _tokens_after(calls: list[dict], first: int, texts: list[str], answered: list[bool],
+                  tokenizer, dialect) -> int:
+    """Ids that calls ``first`` ... of a transcript add, each as the session would
+    have recorded it after the call before: the messages past that call's history
+    and its reply, rendered as a continuation; then the call's own reply. A call
+    that does not parse adds nothing."""
+    total, prev_len, prev_last = 0, None, -1
+    for j in range(max(first - 1, 0), len(calls)):
+        try:
+            request = parse_request(calls[j]["request"])
+        except RequestError:
+            continue
+        reply = tokenizer.encode(texts[j]) if answered[j] else []
+        if j >= first:
+            new = list(request.messages[prev_len:]) if prev_len is not None else []
+            total += (len(tokenizer.encode(dialect.continuation_text(new, prev_last)))
+                      + len(reply))
+        prev_len = len(request.messages) + (1 if reply else 0)
+        prev_last = reply[-1] if reply else -1
+    return total
 
 
 def replay_all(paths: Iterable[str], tokenizer, dialect) -> list[ReplayReport]:
