@@ -93,6 +93,7 @@ class SGLangEngine(Engine):
             raise ValueError(f"max_reload_failures must be >= 1, got {max_reload_failures}")
         self.base_url = base_url.rstrip("/")
         self._version = int(version)
+        self._loaded_uri: str | None = None   # the HF directory the last load served
         self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=connect_timeout_s)
         self._reload_timeout = aiohttp.ClientTimeout(total=reload_timeout_s,
                                                      connect=connect_timeout_s)
@@ -237,11 +238,12 @@ class SGLangEngine(Engine):
         uri = hf_dir_of(uri)
         self._bind_loop()
         async with self._reload_lock:  # one reload at a time, in version order
-            if version < self._version:
-                return  # a newer version was loaded while this one waited
+            if version < self._version or (version == self._version and uri == self._loaded_uri):
+                return  # this or a newer version was loaded while this call waited
             self._check_usable()  # a load that waited for the lock may find it given up
             try:
                 await self._reload(int(version), uri)
+                self._loaded_uri = uri
             except Exception as e:
                 self.reload_failures += 1
                 if self.reload_failures >= self.max_reload_failures:

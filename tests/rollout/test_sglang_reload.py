@@ -114,6 +114,25 @@ def test_a_dead_supervised_server_is_restarted_by_the_next_load():
     assert [u["model_path"] for u in fake.updates] == ["/hf/2"]
 
 
+def test_a_push_repeated_while_its_restart_runs_restarts_once():
+    # A dispatcher that gave up on a slow restart (loaded machine) re-syncs the worker
+    # with the same version: the second call waits for the first and then has nothing
+    # to do (CI once saw a sglang-jax server start twice on v1).
+    class SlowServer(Server):
+        def restart(self, path):
+            import time
+            time.sleep(0.3)
+            super().restart(path)
+    server = SlowServer()
+
+    async def body(e):
+        await asyncio.gather(e.load_weights(1, "/v1/params"), e.load_weights(1, "/v1/params"))
+        await e.load_weights(1, "/v1b/params")   # the same version from elsewhere: loaded
+        return e.version
+    assert run_with(FakeSGLang(), body, server=server, reload="restart") == 1
+    assert server.restarts == ["/v1/hf", "/v1b/hf"]
+
+
 def test_reload_arguments_are_checked():
     with pytest.raises(ValueError, match="reload must be one of"):
         SGLangEngine("http://x", reload="hot_swap")
