@@ -57,7 +57,7 @@ from sao.ckpt import hf_dir  # noqa: E402
 from sao.fleet.replay import read_batches  # noqa: E402
 from sao.models import from_pretrained, token_logprobs  # noqa: E402
 from sao.models.tokenizer_loading import load_tokenizer  # noqa: E402
-from sao.rollout.sglang_server import START_MARK  # noqa: E402
+from sao.rollout.sglang_server import READY_LINE, START_MARK  # noqa: E402
 
 JAX_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 STEPS = 3
@@ -120,11 +120,18 @@ def launch(model: str, workdir: pathlib.Path, *server_flags: str) -> float:
 
 
 def server_starts(workdir: pathlib.Path, i: int) -> tuple[list[str], str]:
-    """The model paths worker ``i``'s server was started on, and its whole log."""
+    """The model paths worker ``i``'s server was started on and became ready on, and its
+    whole log. A start that never got ready (the worker's ``ready_timeout_s`` passed on a
+    loaded machine; the push is then retried) must be followed by a start of the same
+    model: it is left out, and any other failed start fails the test."""
     log = (workdir / "workers" / f"sglang{i}.log").read_text(errors="replace")
-    starts = [line.split("--model-path ", 1)[1].split()[0]
-              for line in log.splitlines() if line.startswith(START_MARK)]
-    return starts, log
+    segments = [seg for seg in log.split(START_MARK)[1:]]
+    paths = [seg.split("--model-path ", 1)[1].split()[0] for seg in segments]
+    ready = [READY_LINE in seg for seg in segments]
+    for k, ok in enumerate(ready):
+        assert ok or (k + 1 < len(paths) and paths[k + 1] == paths[k]), \
+            f"start {k} on {paths[k]} never got ready and was not retried:\n{segments[k][-2000:]}"
+    return [p for p, ok in zip(paths, ready) if ok], log
 
 
 def check_run(workdir: pathlib.Path, model: str) -> dict:
