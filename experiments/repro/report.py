@@ -53,7 +53,7 @@ def status_table(runs_by_arm) -> str:
         for s in seeds:
             r = by_seed.get(s)
             steps = max((x for x, _ in r.series("learner/step")), default=0) if r else 0
-            cells.append("—" if r is None else r.state if r.state in ("done", "pending")
+            cells.append("—" if r is None else r.state if r.state in ("done", "pending", "dirty")
                          else f"{r.state} ({steps} steps)")
         rows.append([f"`{arm}`", TITLES[arm], *cells])
     return _table(["arm", "what", *[f"seed {s}" for s in seeds]], rows)

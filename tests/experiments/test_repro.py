@@ -191,7 +191,6 @@ SMOKE_M = SMOKE + ["env.tool_latency_median_s=0.01", "env.tool_latency_max_s=0.1
                    "eval.value_episodes=4"]
 
 
-@pytest.mark.xfail(strict=False, reason="known failure on the merged tree (2026-12-03), open in issue 22: the report's arm table has no row for the smoke run's arms")
 @pytest.mark.slow
 def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     # The runs are child processes on one CPU device, as outside the tests.
