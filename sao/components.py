@@ -76,13 +76,15 @@ def make_policy(cfg, seed: int = 0, mesh=None):
     job each process creates only its own shards.
     """
     sharded = mesh is not None and mesh.size > 1
+    remat = cfg.model.get("remat", False)   # absent from configs saved before it existed
     if cfg.model.init:
         model = from_pretrained(cfg.model.init, dtype=cfg.model.param_dtype,
                                 mesh=mesh if sharded else None)[1]
-        model.cfg = model.cfg.replace(head_dtype=cfg.model.head_dtype)   # not a checkpoint field
+        # not checkpoint fields
+        model.cfg = model.cfg.replace(head_dtype=cfg.model.head_dtype, remat=remat)
         return model
     mcfg = get_preset(cfg.model.preset, param_dtype=cfg.model.param_dtype, dtype=cfg.model.dtype,
-                      head_dtype=cfg.model.head_dtype)
+                      head_dtype=cfg.model.head_dtype, remat=remat)
     if sharded:
         return create_sharded(lambda: Transformer(mcfg, rngs=nnx.Rngs(seed)), mesh)
     return Transformer(mcfg, rngs=nnx.Rngs(seed))
