@@ -73,14 +73,16 @@ def smollm2_cpu(c):
     c.model.init = find_smollm2_gguf()
     c.model.tokenizer = "hf"
     c.learner.batch_size = 2
-    c.learner.length_buckets = (1024,)       # mini-swe-agent's prompt + bash tool is ~300 tokens
+    c.model.remat = True                     # a 2-row update held ~9-14 GB of activations
+    c.learner.length_buckets = (512,)        # mini-swe-agent's prompt + bash tool is ~300 tokens;
+                                             # its episodes here end at ~370 (2026-12-03)
     c.learner.micro_batch_size = 1
     c.learner.actor_lr = 1e-6
     c.critic.critic_lr = 5e-6
     c.critic.critic_warmup_steps = 0
     c.critic.value_pretrain_steps = 0
     c.rollout.max_concurrency = c.rollout.engine_slots = 2
-    c.rollout.max_len = 1024
+    c.rollout.max_len = 512
     c.rollout.max_new_tokens = 96
     c.rollout.max_turns = 3
     c.env.tool_format = "hermes"
