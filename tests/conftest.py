@@ -10,19 +10,26 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 # `make test` runs on pytest-xdist workers (tests/README.md). A module's tests
 # stay on one worker (its module fixtures and compiled functions are made once);
 # the modules of one SHARED group share a per-process artefact and stay on one
-# worker together. Groups with slow tests start first, the short ones fill in
-# at the end. (xdist's own `xdist_group` mark does nothing under pytest 9.2:
-# it renames `item._nodeid`, which pytest no longer reads.)
+# worker together. The memory lane starts first, then the other units with slow
+# tests, and the short ones fill in at the end. (xdist's own `xdist_group` mark
+# does nothing under pytest 9.2: it renames `item._nodeid`, which pytest no longer
+# reads.)
 import pytest  # noqa: E402
 
+MEMORY_LANE = "memory_lane"
 SHARED = {
     "tiny_run": ("tests/test_main.py", "tests/notebooks/test_analyze_run_notebook.py",
                  "tests/notebooks/test_trajectory_viewer_notebook.py"),   # test_main_support
     "shared_learner": ("tests/learner/test_update.py", "tests/analysis/test_token_table.py",
                        "tests/test_ckpt.py"),                            # learner/helpers.py
-    # Memory, not an artefact: two SmolLM2 runs at once (learner ~6 GB + two workers
-    # each) went past this machine's 24 GB and the OOM killer ended one.
-    "smollm2_runs": ("tests/e2e/test_smollm2_run.py", "tests/e2e/test_swe_runs.py"),
+    # Memory, not an artefact: the runs that hold a SmolLM2 learner (~5-8 GB plus two
+    # ~1.8 GB workers) or a fleet of SGLang servers (~3 GB per real SGLang server). Two
+    # at once went past this machine's 24 GB: the OOM killer ended one, or the kernel
+    # reclaimed page cache until both ran 3-5x slower (CI, 2026-12-03: a 266 s fleet
+    # run took 1301 s beside a SmolLM2 run). One lane runs them one after another
+    # while the other worker takes everything else.
+    MEMORY_LANE: ("tests/e2e/test_smollm2_run.py", "tests/e2e/test_swe_runs.py",
+                  "tests/e2e/test_sglang_fleet_run.py", "tests/launch/test_cluster_runs.py"),
 }
 _GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
 
@@ -36,7 +43,8 @@ def scope(nodeid: str) -> str:
 def pytest_collection_modifyitems(config, items):
     slow = {scope(item.nodeid) for item in items if item.get_closest_marker("slow")}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (scope(item.nodeid) not in slow, order[id(item)]))
+    items.sort(key=lambda item: (scope(item.nodeid) != MEMORY_LANE, scope(item.nodeid) not in slow,
+                                 order[id(item)]))
 
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist, when installed
@@ -49,4 +57,12 @@ def pytest_xdist_make_scheduler(config, log):
     class SharedScopeScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return scope(nodeid)
+
+        def schedule(self) -> None:
+            # xdist reorders units by their number of tests unless told not to, which
+            # put slow units anywhere (and the memory lane's runs beside each other's
+            # rivals): keep the order of pytest_collection_modifyitems. Each worker
+            # then takes the next unit when it has <= 2 tests left.
+            self.config.option.loadscopereorder = False
+            super().schedule()
     return SharedScopeScheduling(config, log)
