@@ -63,17 +63,24 @@ def check_fleet(summary, steps, batch):
         assert r["fleet/episode_errors"] == 0.0 and r["fleet/dropped"] == 0.0, r
 
 
-def check_endpoint_trajectories(trajs, vocab_size):
+def check_endpoint_trajectories(trajs, vocab_size, *, harness_may_rewrite=False):
+    """Token-in/token-out trajectories of the endpoint. A real harness may rewrite its
+    history (mini-swe-agent answers SmolLM2's replies without a tool call with a format
+    error in place of the reply): such an episode is cut at the first difference, flagged
+    ``cut: history_rewrite``, and ends with the harness's error; nothing is re-tokenised."""
     assert trajs, "no buffered trajectory in the final checkpoint"
     for t in trajs:
-        assert "endpoint_end" in t.metadata and "cut" not in t.metadata, t.metadata
+        if harness_may_rewrite and "cut" in t.metadata:
+            assert t.metadata["cut"] == "history_rewrite" and "harness_error" in t.metadata, \
+                t.metadata
+        else:
+            assert "endpoint_end" in t.metadata and "cut" not in t.metadata, t.metadata
         assert t.metadata["turns"] >= 1 and t.action_mask[-1]
         assert int(np.min(t.policy_version[t.action_mask])) >= 0
         assert np.all(t.rollout_logprobs[~t.action_mask] == 0.0)
         assert int(np.max(t.tokens)) < vocab_size
 
 
-@pytest.mark.xfail(run=False, reason="not yet run through pytest on the merged tree (its command ran by hand: 2 steps in 21 min under load; too long to risk unverified in CI), issue 24")
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_mini_swe_agent_drives_smollm2_through_the_fleet(tmp_path):
@@ -91,7 +98,7 @@ def test_mini_swe_agent_drives_smollm2_through_the_fleet(tmp_path):
     tok = components.make_tokenizer(cfg)
     records = {r["prompt_id"]: r for t in components.make_tasks(cfg).values() for r in t.records()}
     trajs = buffered_trajectories(workdir)
-    check_endpoint_trajectories(trajs, tok.vocab_size)
+    check_endpoint_trajectories(trajs, tok.vocab_size, harness_may_rewrite=True)
     dialect = dialect_for(tok)
     for t in trajs:
         assert "exit_status" in t.metadata or "harness_error" in t.metadata, t.metadata
