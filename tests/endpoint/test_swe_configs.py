@@ -8,7 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from experiments import grpo_dis_swe, sao_swe  # noqa: E402
-from sao import config_checks  # noqa: E402
+from sao import components, config_checks, train  # noqa: E402
 
 HARNESS = {"cpu": "reference", "smollm2_cpu": "mini-swe-agent", "qwen3_30b_a3b": "mini-swe-agent"}
 
@@ -35,3 +35,13 @@ def test_a_harness_must_evaluate_on_the_fleet():
     c = sao_swe.get_config("cpu")
     c.eval.where = "learner"
     assert any("eval.where='fleet'" in p for p in config_checks.problems(c))
+
+
+@pytest.mark.parametrize("module", [sao_swe, grpo_dis_swe])
+@pytest.mark.parametrize("variant", ["cpu", "smollm2_cpu"])
+def test_cpu_variants_hold_out_enough_tasks_to_evaluate(module, variant):
+    # The seeded split holds out 4 of the 24 micro tasks; the cpu variant asked for 6
+    # and its default command stopped before the first step.
+    cfg = module.get_config(variant)
+    train_records, heldout = train.split_prompts(cfg, components.make_tasks(cfg))
+    assert len(heldout) == cfg.eval.num_prompts and len(train_records) >= cfg.learner.batch_size
