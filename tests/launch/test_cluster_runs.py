@@ -28,7 +28,7 @@ import time
 import pytest
 
 from cluster import (HAVE_REAL, ROOT, RUN_SETS, box, box_env, fleet_flags, free_ports, in_tmp, logs,
-                     readme_command, run, run_shell, user_env)
+                     left_running, readme_command, run, run_shell, tagged_env, user_env)
 from wandb_offline import wandb_history
 
 from launch import tiny_model
@@ -72,15 +72,16 @@ def readme_run(tmp, box_dir, *needles: str, flags=(), env=None):
     return run_shell(command, env or user_env())
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
-def test_one_machine_fleet_runs_two_steps_and_stops_its_servers(runs):
+def test_one_machine_fleet_runs_two_steps_and_stops_its_servers(tmp_path, runs):
     workdir = runs / "runs" / "fleet"
     out = readme_run(runs, None, "sglang_fleet.py", "fleet_cpu",
-                     flags=(f"--sglang_port={free_ports(2)}", f"--worker_port={free_ports(2)}"))
+                     flags=(f"--sglang_port={free_ports(2)}", f"--worker_port={free_ports(2)}"),
+                     env=tagged_env(user_env(), tmp_path / "box"))   # to find what it leaves
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + logs(workdir)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 2 and json.loads((workdir / "config.json").read_text())["name"] == NAME
     assert len(list((workdir / "workers").glob("sglang*.log"))) == 2
+    assert not left_running(tmp_path / "box")             # workers, servers and their children stopped
 
 
 def slurm_argv(workdir, model, *extra) -> list[str]:
@@ -102,7 +103,6 @@ def check_finished(workdir: pathlib.Path, box_dir: pathlib.Path) -> None:
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "slurm"
@@ -150,7 +150,6 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "tpu"
