@@ -26,13 +26,17 @@ on a cluster, with the standard library only:
   machine (``gcloud compute ssh NAME``) is a directory made on first use (its
   name must resolve here: use ``localhost``).
 
+When a job's script exits, what it started has Slurm's ``KillWait`` (30 s,
+``SAO_LOCALCLUSTER_KILL_WAIT_S``) to exit before it counts as a leftover.
 Every call is appended to ``<box>/calls.jsonl`` (``{"tool", "argv", "cwd", "time"}``)
 and so are the box's own events (``job_end`` with the exit status, ``leftover``
 for processes still running when their job ended or their VM was deleted:
 they are then killed). Every process the box starts carries
 ``SAO_LOCALCLUSTER_TAG`` (``job:<id>``, ``tpu:<name>``, ``vm:<name>``) in its
 environment, inherited by its children, which is how leftovers are found
-(``box.tagged``). ``SAO_LOCALCLUSTER_DIR`` (default
+(``box.tagged``; ``SPT_NOENV=1`` is set too, so that a process calling
+``setproctitle``, as SGLang's scheduler and detokenizer do, keeps its
+environment readable). ``SAO_LOCALCLUSTER_DIR`` (default
 ``/tmp/sao-localcluster``) is the box; one box per test keeps tests apart.
 Not simulated: installs from the network are run as written (launchers take
 ``--no_install`` and an installed ``--repo_dir`` for the box), partitions,

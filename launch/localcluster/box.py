@@ -184,8 +184,11 @@ class Tasks:
 
 
 def env_for(tag: str, **extra: str) -> dict:
-    """This process's environment, tagged, with ``extra`` set."""
-    return {**os.environ, DIR_ENV: root(), TAG_ENV: tag, **{k: str(v) for k, v in extra.items()}}
+    """This process's environment, tagged, with ``extra`` set. ``SPT_NOENV=1`` keeps the tag
+    readable: ``setproctitle`` (SGLang's scheduler and detokenizer call it) otherwise writes
+    the new title over ``/proc/PID/environ`` and the process would escape ``tagged``."""
+    return {**os.environ, DIR_ENV: root(), TAG_ENV: tag, "SPT_NOENV": "1",
+            **{k: str(v) for k, v in extra.items()}}
 
 
 def fail(tool: str, message: str, status: int = 1) -> None:

@@ -24,6 +24,9 @@ VALUE_OPTS = {"--job-name": "name", "-J": "name", "--time": "time", "-t": "time"
               "--exclusive": None}
 
 
+KILL_WAIT_ENV = "SAO_LOCALCLUSTER_KILL_WAIT_S"  # slurm.conf's KillWait, in seconds (default 30)
+
+
 def job_dir(job_id: int | str) -> str:
     return os.path.join(box.root(), "slurm", f"job{job_id}")
 
@@ -171,7 +174,8 @@ def run_job(job_id: int) -> None:
     code = 128 - code if code < 0 else code
     # Like Slurm's KillWait (30 s by default): processes the job stopped may take that long
     # to exit (an SGLang server needs > 5 s after SIGTERM); any alive after it is a leftover.
-    left = box.end_tagged(f"job:{job_id}", f"job {job_id} ended", grace_s=30.0)
+    left = box.end_tagged(f"job:{job_id}", f"job {job_id} ended",
+                          grace_s=float(os.environ.get(KILL_WAIT_ENV) or 30.0))
     state = ended["state"] or ("COMPLETED" if code == 0 else "FAILED")
     rec.update(state=state, exit_code=code, end_time=time.time(), leftover=sorted(left.values()))
     box.write_json(path, rec)

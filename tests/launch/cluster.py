@@ -113,3 +113,24 @@ def run_shell(command: str, env: dict, timeout: float = 1500) -> subprocess.Comp
                          timeout=timeout)
     print(f"\n{command[:100]}...: {time.monotonic() - t0:.0f} s, exit {out.returncode}")
     return out
+
+
+
+def tagged_env(env: dict, box_dir: pathlib.Path, tag: str = "local") -> dict:
+    """``env`` with the box's tag (as a box job's processes carry it) for a launch run
+    outside the box, so that ``left_running`` finds everything it started."""
+    return {**env, box.DIR_ENV: str(box_dir), box.TAG_ENV: tag, "SPT_NOENV": "1"}
+
+
+def left_running(box_dir: pathlib.Path, grace_s: float = 10.0) -> dict[int, str]:
+    """Processes tagged for ``box_dir`` still alive after ``grace_s``; they are then killed
+    (so that a failing test leaves nothing behind either)."""
+    deadline = time.monotonic() + grace_s
+    while (left := box.tagged(str(box_dir))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return left

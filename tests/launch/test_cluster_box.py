@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cluster import ROOT, SHIMS, box, box_env
+from cluster import JAX_PYTHON, REAL_PYTHON, ROOT, SHIMS, box, box_env
 
 
 def sh(cmd: str, env: dict, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -41,6 +41,34 @@ def test_slurm_job_runs_its_script_per_node_and_reports_leftovers(tmp_path):
     assert len(leftover) == 1 and any("sleep 300" in p for p in leftover[0]["processes"].values())
     assert not box.tagged(str(tmp_path / "box"))                  # and they were ended
     assert [c["tool"] for c in calls if c["tool"] != "box"][:3] == ["sbatch", "scontrol", "srun"]
+
+
+SETPROCTITLE_PYTHON = next((p for p in (JAX_PYTHON, REAL_PYTHON) if p.exists() and subprocess.run(
+    [p, "-c", "import setproctitle"], capture_output=True).returncode == 0), None)
+
+
+@pytest.mark.skipif(SETPROCTITLE_PYTHON is None, reason="no environment with setproctitle (make sglang-venv)")
+def test_a_leftover_that_sets_its_process_title_is_found(tmp_path):
+    """SGLang's scheduler and detokenizer call setproctitle, which by default writes over
+    /proc/PID/environ, where the box's tag is: such a leftover must still be found and ended."""
+    env = {**box_env(tmp_path / "box"), "SAO_LOCALCLUSTER_KILL_WAIT_S": "2"}
+    title = ("import os, setproctitle, time; setproctitle.setproctitle('sglang::scheduler'); "
+             "open('pid', 'w').write(str(os.getpid())); time.sleep(300)")
+    (tmp_path / "job.sh").write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --time=00:01:00", f"{SETPROCTITLE_PYTHON} -c {shlex.quote(title)} &",
+        "while [ ! -s pid ]; do sleep 0.2; done", ""]))
+    out = sh("sbatch --wait job.sh", env, tmp_path)
+    pid = int((tmp_path / "pid").read_text())
+    try:
+        assert out.returncode == 0, out.stderr
+        leftover = [c for c in box.calls(str(tmp_path / "box")) if c.get("event") == "leftover"]
+        assert [list(c["processes"].values()) for c in leftover] == [["sglang::scheduler"]]
+        assert not box.tagged(str(tmp_path / "box")) and not box._alive(pid)   # and it was ended
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 def test_scancel_and_time_limit_end_a_job(tmp_path):

@@ -28,11 +28,12 @@ import time
 import pytest
 
 from cluster import (HAVE_REAL, ROOT, RUN_SETS, box, box_env, fleet_flags, free_ports, in_tmp, logs,
-                     readme_command, run, run_shell, user_env)
+                     left_running, readme_command, run, run_shell, tagged_env, user_env)
 from wandb_offline import wandb_history
 
 from launch import tiny_model
 from sao import run_metrics
+from sao.rollout import sglang_server
 
 NAME = """run "quoted" 'single' (paren) $HOME $(not run) `nor this` \\back *"""
 
@@ -71,15 +72,16 @@ def readme_run(tmp, box_dir, *needles: str, flags=(), env=None):
     return run_shell(command, env or user_env())
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
-def test_one_machine_fleet_runs_two_steps_and_stops_its_servers(runs):
+def test_one_machine_fleet_runs_two_steps_and_stops_its_servers(tmp_path, runs):
     workdir = runs / "runs" / "fleet"
     out = readme_run(runs, None, "sglang_fleet.py", "fleet_cpu",
-                     flags=(f"--sglang_port={free_ports(2)}", f"--worker_port={free_ports(2)}"))
+                     flags=(f"--sglang_port={free_ports(2)}", f"--worker_port={free_ports(2)}"),
+                     env=tagged_env(user_env(), tmp_path / "box"))   # to find what it leaves
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + logs(workdir)
     summary = json.loads((workdir / "summary.json").read_text())
     assert summary["steps"] == 2 and json.loads((workdir / "config.json").read_text())["name"] == NAME
     assert len(list((workdir / "workers").glob("sglang*.log"))) == 2
+    assert not left_running(tmp_path / "box")             # workers, servers and their children stopped
 
 
 def slurm_argv(workdir, model, *extra) -> list[str]:
@@ -101,7 +103,6 @@ def check_finished(workdir: pathlib.Path, box_dir: pathlib.Path) -> None:
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "slurm"
@@ -116,7 +117,6 @@ def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     assert list((workdir / "workers").glob("sglang*.log")), "no SGLang server ran"
 
 
-@pytest.mark.xfail(strict=False, reason="known failure on the merged tree (2026-12-03), open in issue 25: a fleet or server process outlives the killed learner's job (box 'leftover' event)")
 def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir):
     box_dir, workdir = tmp_path / "box", tmp_path / "run"
     env = box_env(box_dir)
@@ -126,9 +126,14 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     learner = None
     while time.monotonic() < deadline:                 # the first weight push starts the server
         procs = box.tagged(str(box_dir), "job:1")
-        servers = [p for p, c in procs.items() if "launch_server" in c]
-        learners = [p for p, c in procs.items() if "--role=learner" in c and "sao.main" in c]
-        if servers and learners:
+        # By the module a process runs (``python -m X``): the srun shim, the worker and
+        # ``bash -c`` carry the learner's or the server's command line in their arguments.
+        servers = [p for p, c in procs.items() if c.split()[1:3] in (["-m", "sglang.launch_server"],
+                                                                     ["-m", "sgl_jax.launch_server"])]
+        learners = [p for p, c in procs.items() if c.split()[1:3] == ["-m", "sao.main"] and "--role=learner" in c]
+        ready = any(sglang_server.READY_LINE in p.read_text(errors="replace")
+                    for p in (workdir / "workers").glob("sglang*.log"))
+        if servers and learners and ready:                # killed while its server serves
             learner = min(learners)
             break
         time.sleep(1)
@@ -145,7 +150,6 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "tpu"
