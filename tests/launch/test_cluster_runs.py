@@ -71,7 +71,6 @@ def readme_run(tmp, box_dir, *needles: str, flags=(), env=None):
     return run_shell(command, env or user_env())
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_one_machine_fleet_runs_two_steps_and_stops_its_servers(runs):
     workdir = runs / "runs" / "fleet"
     out = readme_run(runs, None, "sglang_fleet.py", "fleet_cpu",
@@ -101,7 +100,6 @@ def check_finished(workdir: pathlib.Path, box_dir: pathlib.Path) -> None:
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "slurm"
@@ -145,7 +143,6 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.xfail(strict=False, reason="not yet verified on the merged tree (the SGLang parity default changed after its last run), issue 25")
 def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "tpu"
