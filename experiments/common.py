@@ -100,9 +100,6 @@ def base() -> ml_collections.ConfigDict:
                                           # (SmolLM2: bf16 server vs f32 learner 0.03; wrong rope theta 0.26)
     p.max_token_gap = 0.0                 # nats: most |gap| on any probe token (0 = not checked)
     p.timeout_s = 300.0                   # one Score rpc (a probe is one forward pass per sequence)
-    p.sglang = False                      # also gate rollout.engine="sglang" servers: off until their
-                                          # input log-probs line up with the probe on sglang-jax
-                                          # (e2e runs saw the ids differ; docs/fleet.md, limits)
     # SGLang servers of rollout.engine="sglang" (docs/rollout.md "Workers and their servers"): each
     # worker starts and supervises its own server from this command, or attaches to one by URL.
     r.sglang = g = ml_collections.ConfigDict()

@@ -215,12 +215,12 @@ def engine_dtype(cfg):
 
 def parity_gate(cfg, tokenizer) -> ParityGate | None:
     """The run's log-prob parity gate from ``rollout.parity`` (None when not
-    ``enabled``, and for ``rollout.engine="sglang"`` unless ``rollout.parity.sglang``): the probe set in the run's tokenizer and ``env.tool_format``,
+    ``enabled``): the probe set in the run's tokenizer and ``env.tool_format``,
     cut to ``rollout.max_len``; ``max_token_gap`` 0 means not checked. Raises
     ValueError on thresholds that are not > 0."""
     p = cfg.rollout.parity
-    if not p.enabled or (cfg.rollout.engine == "sglang" and not p.get("sglang", False)):
-        return None                       # SGLang servers: only with rollout.parity.sglang
+    if not p.enabled:
+        return None
     sequences = probe_sequences(tokenizer, tool_format=cfg.env.tool_format,
                                 max_len=cfg.rollout.max_len)
     return ParityGate(sequences, max_mean_gap=p.max_mean_gap,

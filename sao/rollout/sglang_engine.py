@@ -196,11 +196,13 @@ class SGLangEngine(Engine):
     async def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Prompt log-probs of ``sequences`` (``Engine.score``): one
         ``/generate`` per sequence with ``return_logprob``,
-        ``logprob_start_len=0``, temperature 1 and one new token;
+        ``logprob_start_len=0``, temperature 1 and one new token (sglang-jax
+        samples one even when asked for none);
         ``meta_info.input_token_logprobs`` (``[[logprob, id, text], ...]``,
-        the first logprob null) gives the answer. Waits for a restart-reload
-        like ``generate``. Raises EngineError on a malformed answer (ids that
-        are not the sequence's, a missing or non-finite log-prob)."""
+        the first logprob null) gives the answer (``_parse_input_logprobs``).
+        Waits for a restart-reload like ``generate``. Raises EngineError on a
+        malformed answer (ids that are not the sequence's, a missing or
+        non-finite log-prob)."""
         seqs = check_sequences(sequences)
         self._check_usable()
         self._bind_loop()
@@ -350,24 +352,35 @@ def _parse_completion(out: dict[str, Any], version: int) -> Completion:
 
 def _parse_input_logprobs(out: dict[str, Any], seq: list[int]) -> list[float]:
     """``meta_info.input_token_logprobs`` of a ``/generate`` answer for the
-    input ``seq`` -> ``[0.0, lp_1, ..., lp_{n-1}]``; raises EngineError if it
-    does not cover ``seq`` id for id or a log-prob is missing or not finite."""
+    input ``seq`` (sent with ``logprob_start_len=0``) -> ``[0.0, lp_1, ...,
+    lp_{n-1}]``.
+
+    Both servers (SGLang 0.5.23, sglang-jax 0.1.0rc0) answer exactly
+    ``len(seq)`` entries ``[logprob, id, text]``, the first logprob null, and
+    echo the ids sent, except one: an id ``>= vocab_size - 1`` is reported
+    as 0 (their clip for image-token hashes; ``vocab_size`` is the model's,
+    and ids ``>= vocab_size`` are refused). Where a model's vocabulary has a
+    real token at its last row (the tiny Qwen3's ``</tool_response>``), that
+    token reads 0; its log-prob is right. So an entry may say 0 where ``seq``
+    holds its largest id; any other difference, a missing or a non-finite
+    log-prob raises EngineError.
+    """
     try:
         entries = out["meta_info"]["input_token_logprobs"]
         ids = [int(e[1]) for e in entries]
         lps = [None if e[0] is None else float(e[0]) for e in entries]
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise EngineError(f"malformed input_token_logprobs: {str(out)[:300]}") from e
-    n = len(seq)
-    if ids != seq and len(ids) > n:     # long inputs: entries can repeat, as for the output's
-        for start in (len(ids) - n, 0):                  # the last n, else the first n
-            if ids[start:start + n] == seq:
-                ids, lps = ids[start:start + n], lps[start:start + n]
-                break
-    if ids != seq:
-        raise EngineError(f"input_token_logprobs cover {len(ids)} ids {ids[:8]}..., not the "
-                          f"{n} of "
-                          f"scored sequence {seq[:8]}...")
+    if len(ids) != len(seq):
+        raise EngineError(f"input_token_logprobs cover {len(ids)} ids, not the {len(seq)} of "
+                          f"the scored sequence {seq[:8]}...")
+    top = max(seq)
+    bad = [i for i, (got, want) in enumerate(zip(ids, seq))
+           if got != want and not (got == 0 and want == top)]
+    if bad:
+        raise EngineError(f"input_token_logprobs' ids differ from the scored sequence at "
+                          f"{len(bad)} positions, first {bad[0]}: {ids[bad[0]]} for "
+                          f"{seq[bad[0]]}")
     rest = lps[1:]
     if any(v is None or not math.isfinite(v) for v in rest):
         raise EngineError("input_token_logprobs has a missing or non-finite log-prob")

@@ -18,6 +18,8 @@ Checked on the finished run:
 * every push was reloaded by both servers: sglang-jax restarts (one start per
   version v0..v2 in each server's log), SGLang ``/update_weights_from_disk``
   (one start, then one ``update_weights`` per later version);
+* the log-prob parity gate (on by default) passed both servers at every
+  version (records ``parity/<server>/passed``, mean gap < 1e-4);
 * each step's DIS ratio at lag 0: ``max |log pi_learner - log pi_server|`` <= 1e-4
   over every action token (``actor/max_abs_log_ratio``, ``batch/staleness_max`` 0),
   and independently, from the recorded batches (``run.record_batches``), the
@@ -157,6 +159,13 @@ def check_run(workdir: pathlib.Path, model: str) -> dict:
         assert r["batch/staleness_max"] == 0 and r["learner/actor_updated"] == 1
         assert r["actor/grad_norm"] > 0
     assert max(gaps) <= 1e-4, gaps
+    # The log-prob parity gate (on by default) checked both servers at every version and
+    # passed them: the ChatML probe holds the model's last id, which SGLang reports as 0.
+    for s, r in rl.items():
+        passed = {k: v for k, v in r.items() if k.startswith("parity/") and k.endswith("/passed")}
+        assert len(passed) == 2 and set(passed.values()) == {1}, r
+        assert r["parity/failures"] == 0 and r["fleet/quarantined"] == 0
+        assert max(v for k, v in r.items() if k.endswith("/mean_gap")) < 1e-4
     # Evaluation through the fleet: before, during (step 1) and after; sampled apart.
     evals = [r for r in records if "eval/accuracy" in r]
     assert sorted(r["step"] for r in evals) == [0, 1, STEPS]

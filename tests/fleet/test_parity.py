@@ -146,6 +146,22 @@ def test_probe_set_in_chatml():
     assert text.endswith("<|im_start|>assistant\nThe answer is 391.<|im_end|>\n")
 
 
+def test_every_sglang_fleet_config_is_gated():
+    """The gate is on for SGLang fleets as for JaxEngine workers (it was off by
+    default while SGLang's report of the last vocabulary id as 0 failed every
+    server); ``rollout.parity.enabled=False`` is the one switch."""
+    from experiments import sao_math
+    from sao import components
+    tok = ByteTokenizer()
+    for variant in ("fleet_cpu", "qwen3_8b"):
+        cfg = sao_math.get_config(variant)
+        assert cfg.rollout.engine == "sglang" and "sglang" not in cfg.rollout.parity
+        gate = components.parity_gate(cfg, tok)
+        assert isinstance(gate, ParityGate) and gate.max_mean_gap == cfg.rollout.parity.max_mean_gap
+        cfg.rollout.parity.enabled = False
+        assert components.parity_gate(cfg, tok) is None
+
+
 def score_rpc(address, seqs):
     with auth.open_channel(address, auth.Security()) as channel:
         stub = sao_pb2_grpc.RolloutWorkerStub(channel)

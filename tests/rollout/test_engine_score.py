@@ -75,19 +75,25 @@ def test_an_engine_without_scoring_says_so():
 
 
 class ScoringFake(FakeSGLang):
-    """Answers ``/generate`` with prompt log-probs ``-0.1 * position`` (or a broken answer)."""
+    """Answers ``/generate`` with prompt log-probs ``-0.1 * position`` (or a
+    broken answer); ids as both real servers report them: an id >=
+    ``vocab_size - 1`` reads 0 (their clip; sao.rollout.sglang_engine)."""
 
-    def __init__(self, broken: str = ""):
+    def __init__(self, broken: str = "", vocab_size: int = 1 << 20):
         super().__init__()
-        self.broken = broken
+        self.broken, self.vocab_size = broken, vocab_size
 
     async def generate(self, request):
         body = await request.json()
         self.requests.append(body)
-        ids = body["input_ids"]
+        ids = [t if t < self.vocab_size - 1 else 0 for t in body["input_ids"]]
         entries = [[None if i == 0 else -0.1 * i, t, None] for i, t in enumerate(ids)]
         if self.broken == "ids":
             entries[1][1] += 1
+        elif self.broken == "zero":          # a 0 in place of an id that is not the largest
+            entries[1][1] = 0
+        elif self.broken == "repeated":
+            entries = entries + entries[1:]
         elif self.broken == "missing":
             entries[2][0] = None
         elif self.broken == "absent":
@@ -104,6 +110,17 @@ def test_sglang_engine_reads_prompt_logprobs():
     sent = fake.requests[0]
     assert sent["return_logprob"] is True and sent["logprob_start_len"] == 0
     assert sent["sampling_params"] == {"temperature": 1.0, "max_new_tokens": 1}
-    for broken in ("ids", "missing", "absent"):
+    for broken in ("ids", "zero", "repeated", "missing", "absent"):
         with pytest.raises(EngineError, match="input_token_logprobs"):
             run_with(ScoringFake(broken), lambda e: e.score([[7, 8, 9]]))
+
+
+def test_sglang_engine_scores_the_last_vocabulary_id():
+    """The model's last id (the tiny Qwen3's ``</tool_response>``, in every
+    ChatML probe) comes back as 0: scored, not refused (before the fix every
+    SGLang server failed the parity gate on it)."""
+    fake = ScoringFake(vocab_size=10)
+    out = run_with(fake, lambda e: e.score([[7, 9, 8, 9], [9, 3]]))
+    assert out == [[0.0, -0.1, -0.2, pytest.approx(-0.3)], [0.0, -0.1]]
+    with pytest.raises(EngineError, match="differ from the scored sequence at 1 positions"):
+        run_with(ScoringFake("zero", vocab_size=10), lambda e: e.score([[9, 7, 8]]))
