@@ -77,6 +77,9 @@ def base() -> ml_collections.ConfigDict:
     c.rollout = r = ml_collections.ConfigDict()
     r.engine = "sglang"                   # "jax" (in-process JaxEngine) | "sglang" (HTTP servers)
     r.num_workers = 16                    # rollout worker processes (one engine each)
+    r.worker_start_timeout_s = 1800.0     # local workers (`--role=all`) serving by then, or the run
+                                          # stops (a worker that exits stops it at once); a nice'd
+                                          # sweep on a loaded 2-core machine took > 300 s to import
     r.max_concurrency = 64                # episodes run at once per worker
     r.engine_slots = 64                   # JaxEngine decode slots (continuous batching)
     r.max_len = 32768                     # longest trajectory (tokens), prompt included

@@ -179,7 +179,8 @@ def local_fleet(cfg, workdir: str, config_argv: list[str]) -> Iterator[list[str]
     if configured_addresses(cfg):
         yield configured_addresses(cfg)
         return
-    supervisor, addresses = spawn(cfg, workdir, config_argv)
+    supervisor, addresses = spawn(cfg, workdir, config_argv,
+                                  timeout_s=float(cfg.rollout.get("worker_start_timeout_s", 300.0)))
     try:
         yield addresses
     finally:
