@@ -14,7 +14,7 @@ Commands (from the repository root)::
 
 Variants: ``cpu`` (tiny byte-level model, runs on a laptop CPU), ``smollm2_cpu``
 (the real SmolLM2-135M-Instruct with its tokenizer, chat template and Hermes tool
-calls, two learner steps on this CPU; tests/e2e/test_smollm2_run.py) and full-scale
+calls, two learner steps on this CPU; its prompt ids: tests/rollout/test_chat_frames.py) and full-scale
 ``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b`` (SGLang fleet); ``fleet_cpu``
 is the SGLang fleet path on a CPU with a small HF model (``--model``; sglang-jax or
 SGLang's CPU engine; tests/e2e/test_sglang_fleet_run.py).

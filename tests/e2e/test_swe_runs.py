@@ -12,7 +12,8 @@
 Checked on each run: the summary and every step's fleet counters (all
 trajectories trained, none dropped, no episode lost to an error), and the
 trajectories buffered in the final checkpoint: they came through the
-endpoint (its counters in their metadata, no history cut), every action
+endpoint (its counters in their metadata; no history cut, except the flagged cut of a
+rewrite by mini-swe-agent), every action
 token was sampled by a pushed policy version, observations are unmasked
 and, for mini-swe-agent, the prompt is exactly the chat-template rendering
 of mini-swe-agent's own first two messages with its ``bash`` tool. SmolLM2
@@ -29,10 +30,22 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sao import run_metrics  # noqa: E402
-from test_smollm2_run import buffered_trajectories  # noqa: E402
+
+
+def buffered_trajectories(workdir: str):
+    """Trajectories in the dispatcher state of the run's latest checkpoint (its JSON item only)."""
+    import base64
+
+    import orbax.checkpoint as ocp
+    from sao.rpc import codec
+
+    with ocp.CheckpointManager(os.path.join(workdir, "ckpt")) as manager:
+        meta = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore()))["meta"]
+    state = (meta["data_state"] or {}).get("dispatcher") or {}
+    return [codec.decode(base64.b64decode(b)) for b in state.get("buffer", [])]
 
 
 def run(config, workdir, *overrides, timeout=3300):

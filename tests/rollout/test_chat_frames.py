@@ -191,3 +191,34 @@ def test_load_tokenizer_errors_and_template_file(tmp_path):
     assert load_tokenizer(str(tmp_path)).vocab_size == ours.vocab_size  # no config.json
     (tmp_path / "chat_template.jinja").write_text(QWEN_STYLE_TEMPLATE)
     assert load_tokenizer(str(tmp_path)).chat_template == QWEN_STYLE_TEMPLATE
+
+
+def test_smollm2_math_episode_starts_with_the_chat_templates_ids(monkeypatch):
+    # `experiments/sao_math.py:smollm2_cpu`'s episode, as its rollout workers run it:
+    # the prompt is SmolLM2's chat template over the Hermes tool list (system) and the
+    # question with the task's and the tool's instructions (user), id for id.
+    import sys
+    from transformers import PreTrainedTokenizerFast
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    from experiments import sao_math
+    from sao import components
+    from sao.envs import tools
+
+    monkeypatch.setattr(gguf_io, "read_gguf", None)  # tokenizer only: no tensor is read
+    cfg = sao_math.get_config("smollm2_cpu")
+    tok = components.make_tokenizer(cfg)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok.tok, chat_template=tok.chat_template)
+    tasks = components.make_tasks(cfg)
+    rec = next(iter(tasks.values())).records()[0]
+    answer = tok.encode("The answer is 4.") + [tok.eos_id]
+    traj = asyncio.run(run_episode(ScriptedEngine([answer]), components.make_env_factory(cfg, tasks)(),
+                                   tok, rec, components.sampling_params(cfg, tok),
+                                   **components.episode_kwargs(cfg, tok)))
+    user = "\n".join([rec["text"], tasks[rec["task"]].instructions(),
+                      tools.tool_instructions("hermes")])
+    want = hf_tok.apply_chat_template(
+        [{"role": "system", "content": tools.hermes_system_prompt()},
+         {"role": "user", "content": user}], add_generation_prompt=True, tokenize=True,
+        return_dict=False)
+    assert traj.tokens.tolist() == list(want) + answer
+    assert traj.action_mask.tolist() == [False] * len(want) + [True] * len(answer)
