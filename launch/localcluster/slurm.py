@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -29,6 +30,23 @@ KILL_WAIT_ENV = "SAO_LOCALCLUSTER_KILL_WAIT_S"  # slurm.conf's KillWait, in seco
 
 def job_dir(job_id: int | str) -> str:
     return os.path.join(box.root(), "slurm", f"job{job_id}")
+
+
+def node_tmp(job_id: int | str, node: str) -> str:
+    """The node's ``TMPDIR``: ``<job dir>/<node>/tmp``, reached through a short link in
+    ``/tmp`` (made here) when that path is long. Programs put Unix sockets there (SGLang's
+    ZMQ IPC endpoints), whose paths may not exceed 107 bytes: under pytest's deep
+    temporary directories a real SGLang server could not start."""
+    real = os.path.join(job_dir(job_id), node, "tmp")
+    os.makedirs(real, exist_ok=True)
+    if len(real) <= 48:
+        return real
+    link = os.path.join("/tmp", "sao-box-" + hashlib.sha1(real.encode()).hexdigest()[:16])
+    if os.path.realpath(link) != os.path.realpath(real):
+        if os.path.islink(link):
+            os.remove(link)
+        os.symlink(real, link)
+    return link
 
 
 def job_record(job_id) -> dict:
@@ -122,7 +140,7 @@ def sbatch(argv: list[str]) -> int:
               "time_limit_s": seconds(opts["time"]) if "time" in opts else None}
     os.makedirs(job_dir(job_id), exist_ok=True)
     for node in sum(names, []):
-        os.makedirs(os.path.join(job_dir(job_id), node, "tmp"), exist_ok=True)
+        node_tmp(job_id, node)
     box.write_json(os.path.join(job_dir(job_id), "job.json"), record)
     runner = subprocess.Popen([sys.executable, os.path.abspath(__file__), "_job", str(job_id)],
                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -145,7 +163,7 @@ def run_job(job_id: int) -> None:
                       SLURM_JOB_NAME=rec["name"], SLURM_SUBMIT_DIR=rec["cwd"],
                       SLURM_JOB_NODELIST=",".join(sum(groups, [])),
                       SLURM_NNODES=len(groups[0]), SLURMD_NODENAME=first, HOSTNAME=first,
-                      TMPDIR=os.path.join(job_dir(job_id), first, "tmp"))
+                      TMPDIR=node_tmp(job_id, first))
     if len(groups) > 1:
         env["SLURM_HET_SIZE"] = str(len(groups))
         for g, nodes in enumerate(groups):
@@ -177,6 +195,10 @@ def run_job(job_id: int) -> None:
     left = box.end_tagged(f"job:{job_id}", f"job {job_id} ended",
                           grace_s=float(os.environ.get(KILL_WAIT_ENV) or 30.0))
     state = ended["state"] or ("COMPLETED" if code == 0 else "FAILED")
+    for node in sum(groups, []):           # the short TMPDIR links; the directories stay
+        link = node_tmp(job_id, node)
+        if os.path.islink(link):
+            os.remove(link)
     rec.update(state=state, exit_code=code, end_time=time.time(), leftover=sorted(left.values()))
     box.write_json(path, rec)
     box.log("box", [], event="job_end", job=job_id, state=state, exit_code=code)
@@ -211,13 +233,13 @@ def srun(argv: list[str]) -> int:
     nodes = nodes[:nodes_wanted or len(nodes)][:ntasks or len(nodes)]
     tasks = box.Tasks(kill_on_bad_exit=kill_bad)
     for k, node in enumerate(nodes):
-        tmp = os.path.join(job_dir(job_id), node, "tmp")
+        tmp = node_tmp(job_id, node)
         env = {**os.environ, "SLURM_PROCID": str(k), "SLURM_NODEID": str(k), "SLURM_LOCALID": "0",
                "SLURM_NNODES": str(len(nodes)), "SLURM_NTASKS": str(len(nodes)),
                "SLURM_JOB_NODELIST": ",".join(nodes), "SLURM_STEP_NODELIST": ",".join(nodes),
                "SLURM_JOB_NUM_NODES": str(len(nodes)), "SLURM_STEP_NUM_NODES": str(len(nodes)),
                "SLURMD_NODENAME": node, "HOSTNAME": node,
-               "TMPDIR": tmp, "SAO_LOCALCLUSTER_NODE_DIR": os.path.dirname(tmp)}
+               "TMPDIR": tmp, "SAO_LOCALCLUSTER_NODE_DIR": os.path.join(job_dir(job_id), node)}
         tasks.start(command, env, os.getcwd())
     return tasks.wait()
 

@@ -43,6 +43,26 @@ def test_slurm_job_runs_its_script_per_node_and_reports_leftovers(tmp_path):
     assert [c["tool"] for c in calls if c["tool"] != "box"][:3] == ["sbatch", "scontrol", "srun"]
 
 
+def test_a_deep_box_gives_its_nodes_a_tmpdir_that_holds_unix_sockets(tmp_path):
+    # SGLang binds its ZMQ IPC endpoints in TMPDIR; a Unix socket path may not exceed
+    # 107 bytes, and under pytest-xdist's temporary directories the node's own
+    # <box>/slurm/job1/<node>/tmp left no room (a real SGLang server could not start).
+    deep = tmp_path / ("d" * 60) / "box"
+    env = box_env(deep)
+    sock = "import os, socket; s = socket.socket(socket.AF_UNIX); " \
+           "s.bind(os.path.join(os.environ['TMPDIR'], 'tmp0123456789abcdef-ipc')); " \
+           "print('bound', os.environ['TMPDIR'], os.path.realpath(os.environ['TMPDIR']))"
+    (tmp_path / "job.sh").write_text("\n".join([
+        "#!/bin/bash", "#SBATCH --time=00:01:00", "#SBATCH --output=out-%j.txt", "set -euo pipefail",
+        f"srun {shlex.quote(sys.executable)} -c {shlex.quote(sock)}", ""]))
+    out = sh("sbatch --wait job.sh", env, tmp_path)
+    text = (tmp_path / "out-1.txt").read_text()
+    assert out.returncode == 0, text
+    tmpdir, real = text.split("bound ", 1)[1].split()[:2]
+    assert real == str(deep / "slurm" / "job1" / "127.1.1.1" / "tmp") and len(tmpdir) < 40
+    assert not os.path.exists(tmpdir)           # the short link goes with the job
+
+
 SETPROCTITLE_PYTHON = next((p for p in (JAX_PYTHON, REAL_PYTHON) if p.exists() and subprocess.run(
     [p, "-c", "import setproctitle"], capture_output=True).returncode == 0), None)
 
