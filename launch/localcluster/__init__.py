@@ -16,7 +16,9 @@ on a cluster, with the standard library only:
   node's processes) with a directory ``<box>/slurm/job<id>/<node>/``;
   ``srun`` starts one task per node of the (het) group, each in its own
   process group, with ``SLURM_PROCID``, ``SLURM_NODEID``, ``SLURM_NNODES``,
-  ``SLURM_JOB_NODELIST``, ``SLURMD_NODENAME``, ``TMPDIR``; ``--time`` is
+  ``SLURM_JOB_NODELIST``, ``SLURMD_NODENAME``, ``TMPDIR`` (the node's ``tmp/``,
+  through a short link in ``/tmp`` when its path is too long for the Unix
+  sockets SGLang puts there); ``--time`` is
   enforced, ``scancel`` ends the job (SIGTERM, SIGKILL after 10 s);
 * a TPU VM is a directory per host (``<box>/gcloud/tpu/<name>/w<k>/``, its
   ``$HOME``); ``ssh --worker=all`` runs the command on every host at once with
