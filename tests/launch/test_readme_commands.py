@@ -1,9 +1,10 @@
 """README.md's "Full scale" commands, run as a user types them (``python`` from PATH, outside .venv).
 
 Fast: the full-scale ``--dry-run`` commands, the model builder, a launcher
-started by a Python without SAO's packages. The commands that train (the
-one-machine fleet, the Slurm and TPU VM launches in the box) run in
-test_cluster_runs.py, from the README's own text.
+started by a Python without SAO's packages. The commands that train: the
+Slurm and TPU VM launches in the box run in test_cluster_runs.py, from the
+README's own text; the one-machine fleet command runs, with the same flags plus
+free ports and the checks' settings, in tests/e2e/test_sglang_fleet_run.py.
 """
 import shutil
 import subprocess
