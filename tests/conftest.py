@@ -10,8 +10,8 @@ if _flag not in os.environ.get("XLA_FLAGS", ""):
 # `make test` runs on pytest-xdist workers (tests/README.md). A module's tests
 # stay on one worker (its module fixtures and compiled functions are made once);
 # the modules of one SHARED group share a per-process artefact and stay on one
-# worker together. The memory lane starts first, then the other units with slow
-# tests, and the short ones fill in at the end. (xdist's own `xdist_group` mark
+# worker together. The memory lane starts first (see pytest_collection_modifyitems
+# for the order of the rest). (xdist's own `xdist_group` mark
 # does nothing under pytest 9.2: it renames `item._nodeid`, which pytest no longer
 # reads.)
 import pytest  # noqa: E402
@@ -40,10 +40,19 @@ def scope(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
+    """The memory lane first, its modules in ``SHARED`` order (the SmolLM2 run first, while
+    the other worker runs short tests: beside a cluster-box run and two background jobs
+    its ~9 GB learner met the OOM killer); then the short units, then the slow ones."""
     slow = {scope(item.nodeid) for item in items if item.get_closest_marker("slow")}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (scope(item.nodeid) != MEMORY_LANE, scope(item.nodeid) not in slow,
-                                 order[id(item)]))
+    lane = SHARED[MEMORY_LANE]
+
+    def key(item):
+        module, unit = item.nodeid.split("::", 1)[0], scope(item.nodeid)
+        if unit == MEMORY_LANE:
+            return (0, lane.index(module), order[id(item)])
+        return (1 + (unit in slow), 0, order[id(item)])
+    items.sort(key=key)
 
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist, when installed
