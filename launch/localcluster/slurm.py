@@ -39,14 +39,21 @@ def node_tmp(job_id: int | str, node: str) -> str:
     temporary directories a real SGLang server could not start."""
     real = os.path.join(job_dir(job_id), node, "tmp")
     os.makedirs(real, exist_ok=True)
-    if len(real) <= 48:
+    link = _tmp_link(real)
+    if link == real:
         return real
-    link = os.path.join("/tmp", "sao-box-" + hashlib.sha1(real.encode()).hexdigest()[:16])
     if os.path.realpath(link) != os.path.realpath(real):
         if os.path.islink(link):
             os.remove(link)
         os.symlink(real, link)
     return link
+
+
+def _tmp_link(real: str) -> str:
+    """Where ``node_tmp`` points ``TMPDIR`` for the directory ``real`` (itself when short)."""
+    if len(real) <= 48:
+        return real
+    return os.path.join("/tmp", "sao-box-" + hashlib.sha1(real.encode()).hexdigest()[:16])
 
 
 def job_record(job_id) -> dict:
@@ -196,7 +203,7 @@ def run_job(job_id: int) -> None:
                           grace_s=float(os.environ.get(KILL_WAIT_ENV) or 30.0))
     state = ended["state"] or ("COMPLETED" if code == 0 else "FAILED")
     for node in sum(groups, []):           # the short TMPDIR links; the directories stay
-        link = node_tmp(job_id, node)
+        link = _tmp_link(os.path.join(job_dir(job_id), node, "tmp"))
         if os.path.islink(link):
             os.remove(link)
     rec.update(state=state, exit_code=code, end_time=time.time(), leftover=sorted(left.values()))

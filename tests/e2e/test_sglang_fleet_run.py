@@ -137,7 +137,7 @@ def server_starts(workdir: pathlib.Path, i: int) -> tuple[list[str], str]:
     loaded machine; the push is then retried) must be followed by a start of the same
     model: it is left out, and any other failed start fails the test."""
     log = (workdir / "workers" / f"sglang{i}.log").read_text(errors="replace")
-    segments = [seg for seg in log.split(START_MARK)[1:]]
+    segments = log.split(START_MARK)[1:]
     paths = [seg.split("--model-path ", 1)[1].split()[0] for seg in segments]
     ready = [READY_LINE in seg for seg in segments]
     for k, ok in enumerate(ready):
