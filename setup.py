@@ -42,6 +42,7 @@ EXTRAS = {
         "matplotlib>=3.8,<4",
         "pandas>=2.2,<3",
         "scipy>=1.11,<2",  # t intervals in the reproduction report
+        "wandb>=0.19,<1",  # the wandb extra's logging is tested (offline), as is a launcher run using it
     ],
     "notebooks": [
         "jupyterlab>=4,<5",

@@ -49,6 +49,9 @@ from sao.rollout.base import (Completion, Engine, EngineError, SamplingParams, c
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+# SGLang's answer (HTTP 400) when it loaded new weights but could not drop its
+# prefix cache because a request was still running or queued.
+_UPDATED_NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
 RELOAD_MODES = ("update_weights_from_disk", "restart")
 
 
@@ -278,16 +281,46 @@ class SGLangEngine(Engine):
             finally:
                 self._open.set()
             return
-        out = await self._post("/update_weights_from_disk",
-                               {"model_path": uri, "weight_version": str(version)},
-                               timeout=self._reload_timeout)
+        try:
+            out = await self._post("/update_weights_from_disk",
+                                   {"model_path": uri, "weight_version": str(version)},
+                                   timeout=self._reload_timeout)
+        except EngineError as e:
+            if _UPDATED_NOT_FLUSHED not in str(e):
+                raise
+            # The weights are in; the server's prefix cache still holds KV of the old
+            # weights because a request had not left its scheduler yet. Serving from it
+            # would give rollout_logprobs of neither policy, so the flush must happen.
+            log.info("weights %s loaded, cache flush deferred: %s", uri, e)
+            await self._flush_cache()
+            self._version = version
+            return
         if not out.get("success", False):
             raise EngineError(f"update_weights_from_disk refused: {out.get('message', out)}")
         self._version = version
-        try:  # the update already flushes on recent servers; this is belt and braces
-            await self._post("/flush_cache", {}, retries=0)
-        except EngineError as e:
-            log.info("flush_cache after weight update: %s", e)
+        await self._flush_cache()  # recent servers flushed already; older ones did not
+
+    async def _flush_cache(self) -> None:
+        """``POST /flush_cache?timeout=T``: the server waits up to T seconds
+        (``reload_timeout_s``) for its scheduler to go idle, then drops its prefix
+        cache. Answers 200 with plain text on success, 400 otherwise.
+        Raises EngineError when it does not flush."""
+        wait_s = float(self._reload_timeout.total or 60.0)
+        timeout = aiohttp.ClientTimeout(total=wait_s + 30.0, connect=10.0)
+        try:
+            async with self._http().post(self.base_url + "/flush_cache",
+                                         params={"timeout": f"{wait_s:g}"},
+                                         timeout=timeout) as resp:
+                text = await resp.text()
+                if resp.status == 200:
+                    return
+                if resp.status == 404:  # a server without the endpoint keeps no prefix cache to drop
+                    log.warning("%s has no /flush_cache: %s", self.base_url, text[:200])
+                    return
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            raise EngineError(f"/flush_cache after a weight update failed: {e!r}") from e
+        raise EngineError(f"/flush_cache after a weight update failed with HTTP "
+                          f"{resp.status}: {text[:300]}")
 
     async def health(self) -> bool:
         """``GET /health`` answers 200 and a one-token generation succeeds

@@ -1,12 +1,8 @@
 """Optional Weights & Biases logging (``run.wandb_project``; the ``wandb`` extra), offline:
 the same scalars under the same names as TensorBoard, and nothing without a project."""
-import pytest
-
 from wandb_offline import wandb_history
 
 from sao import run_metrics
-
-pytest.importorskip("wandb")
 
 
 def test_metrics_go_to_wandb_with_tensorboards_names(tmp_path, monkeypatch):

@@ -28,6 +28,48 @@ class FailingUpdates(FakeSGLang):
         return web.json_response({"success": True, "message": "ok"})
 
 
+class UpdatedNotFlushed(FakeSGLang):
+    """Answers ``/update_weights_from_disk`` as SGLang does when a request was still
+    in its scheduler: HTTP 400, weights updated, cache not flushed. ``/flush_cache``
+    then succeeds unless ``flush_ok`` is False."""
+
+    def __init__(self, flush_ok=True, **kw):
+        super().__init__(**kw)
+        self.flush_ok, self.flush_waits = flush_ok, []
+
+    async def update(self, request):
+        self.updates.append(await request.json())
+        return web.json_response(status=400, data={"success": False, "message": (
+            "Weights were updated, but the cache was not flushed because requests are "
+            "still running or queued. Retract or finish them, then call /flush_cache.")})
+
+    async def flush(self, request):
+        self.flush_waits.append(float(request.query.get("timeout", 0)))
+        if self.flush_ok:
+            return web.Response(text="Cache flushed.")
+        return web.Response(status=400, text="Timed out waiting for idle state.")
+
+
+def test_an_update_whose_flush_was_refused_flushes_once_the_server_is_idle():
+    fake = UpdatedNotFlushed()
+
+    async def body(e):
+        await e.load_weights(2, "/ckpt/2/hf")
+        return e.version, e.reload_failures
+    assert run_with(fake, body, reload_timeout_s=7.0) == (2, 0)
+    assert fake.flush_waits == [7.0]  # the server is asked to wait for idle, not refused at once
+
+
+def test_an_update_whose_cache_never_flushes_is_a_failed_load():
+    fake = UpdatedNotFlushed(flush_ok=False)
+
+    async def body(e):
+        with pytest.raises(EngineError, match="flush_cache.*HTTP 400"):
+            await e.load_weights(2, "/ckpt/2/hf")
+        return e.version, e.reload_failures
+    assert run_with(fake, body) == (0, 1)
+
+
 class Server:
     """What the engine uses of an SGLangServer: running() and restart(path)."""
 
