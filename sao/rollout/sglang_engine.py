@@ -12,11 +12,15 @@ Facts this client relies on (checked against sglang-jax 0.1.0rc0):
   entries, so the last ``len(output_ids)`` entries are used (and checked).
 * ``finish_reason.type`` is ``stop`` (a stop id or the model's eos, kept in
   ``output_ids``), ``length`` or ``abort``.
-* Weights (``reload``): ``"update_weights_from_disk"`` posts the HF
-  directory to that endpoint, then ``/flush_cache`` (SGLang). Servers without
-  it (sglang-jax answers 404) reload by ``"restart"``: new requests wait,
-  in-flight ones finish first, and the supervised ``SGLangServer`` is
-  restarted on the new directory, so every completion has one version. A
+* Weights (``reload``): in either mode new requests wait and in-flight ones
+  finish first, so every completion has one version. ``"update_weights_from_disk"``
+  posts the HF directory to that endpoint, then ``/flush_cache?timeout=T``
+  (SGLang; the server waits for its scheduler to go idle). SGLang 0.5.23 answers
+  HTTP 400 "Weights were updated, but the cache was not flushed" when a finished
+  request had not yet left its scheduler: the flush is then made, and a flush
+  that does not happen fails the load. Servers without the endpoint (sglang-jax
+  answers 404) reload by ``"restart"``: the supervised ``SGLangServer`` is
+  restarted on the new directory. A
   supervised server found dead (or never started) is started on the next
   load in either mode: a rollout worker starts its server with the learner's
   first weights (``sao.sglang_setup``).
@@ -124,7 +128,7 @@ class SGLangEngine(Engine):
             return
         self._loop = loop
         self._session = None  # a session of a closed loop cannot be reused
-        self._open = asyncio.Event()  # cleared while a restart-reload runs
+        self._open = asyncio.Event()  # cleared while a reload runs
         self._open.set()
         self._inflight = 0
         self._idle = asyncio.Condition()
@@ -266,21 +270,28 @@ class SGLangEngine(Engine):
         return self.server is not None and not self.server.running()
 
     async def _reload(self, version: int, uri: str) -> None:
-        if self.reload == "restart" or self._server_dead():
-            self._open.clear()
-            try:
-                async with self._idle:
-                    await self._idle.wait_for(lambda: self._inflight == 0)
+        """Holds new requests and drains in-flight ones (so no completion mixes two
+        versions and no request reads the prefix cache of the old weights), then
+        restarts the server or updates it in place and drops its cache."""
+        restart = self.reload == "restart" or self._server_dead()
+        self._open.clear()
+        try:
+            async with self._idle:
+                await self._idle.wait_for(lambda: self._inflight == 0)
+            if restart:
                 if self._session is not None:
                     await self._session.close()
                 try:
                     await asyncio.to_thread(self.server.restart, uri)
                 except (RuntimeError, OSError) as e:  # not ready in time, exited, no python
                     raise EngineError(f"restarting the server on {uri} failed: {e}") from e
-                self._version = version
-            finally:
-                self._open.set()
-            return
+            else:
+                await self._update_from_disk(version, uri)
+            self._version = version
+        finally:
+            self._open.set()
+
+    async def _update_from_disk(self, version: int, uri: str) -> None:
         try:
             out = await self._post("/update_weights_from_disk",
                                    {"model_path": uri, "weight_version": str(version)},
@@ -288,16 +299,15 @@ class SGLangEngine(Engine):
         except EngineError as e:
             if _UPDATED_NOT_FLUSHED not in str(e):
                 raise
-            # The weights are in; the server's prefix cache still holds KV of the old
-            # weights because a request had not left its scheduler yet. Serving from it
-            # would give rollout_logprobs of neither policy, so the flush must happen.
+            # The weights are in; the prefix cache still holds KV of the old weights
+            # because a request had not left the server's scheduler yet (another client,
+            # or our last one a moment late). Serving from it would give
+            # rollout_logprobs of neither policy, so the flush must happen.
             log.info("weights %s loaded, cache flush deferred: %s", uri, e)
             await self._flush_cache()
-            self._version = version
             return
         if not out.get("success", False):
             raise EngineError(f"update_weights_from_disk refused: {out.get('message', out)}")
-        self._version = version
         await self._flush_cache()  # recent servers flushed already; older ones did not
 
     async def _flush_cache(self) -> None:

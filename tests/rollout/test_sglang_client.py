@@ -154,6 +154,33 @@ def test_restart_on_reload_drains_in_flight_requests_first():
         SGLangEngine("http://x", reload="restart")
 
 
+def test_update_on_reload_drains_in_flight_requests_first():
+    events = []
+
+    class Recording(FakeSGLang):
+        async def generate(self, request):
+            out = await super().generate(request)
+            events.append(("generated", len(self.updates)))
+            return out
+
+        async def update(self, request):
+            events.append(("update", len(self.requests)))
+            return await super().update(request)
+
+    fake = Recording(delay_s=0.3)
+    async def body(e):
+        first = asyncio.create_task(e.generate([1], SamplingParams()))
+        await asyncio.sleep(0.1)  # request in flight
+        reload = asyncio.create_task(e.load_weights(1, "/hf/1"))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(e.generate([2], SamplingParams()))  # waits for the reload
+        c1, _, c2 = await asyncio.gather(first, reload, second)
+        return c1.versions, c2.versions
+    assert run_with(fake, body) == ([0, 0, 0], [1, 1, 1])
+    # the update came after the first request finished, the second after the flush
+    assert events == [("generated", 0), ("update", 1), ("generated", 1)] and fake.flushes == 1
+
+
 def test_engine_survives_successive_event_loops():
     """Drivers call asyncio.run per evaluation: the engine must not keep a dead loop's session."""
     fake = FakeSGLang()
