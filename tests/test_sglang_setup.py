@@ -15,6 +15,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import ml_collections
@@ -25,6 +26,7 @@ from experiments import sao_math
 from sao import components, sglang_setup
 from sao.ckpt import publish
 from sao.fleet.dispatcher import Dispatcher, DispatcherConfig, FleetError
+from sao.rollout.sglang_server import SGLangServer
 from sao.rpc import credentials
 from sao.rpc.auth import Security
 
@@ -88,6 +90,28 @@ def test_started_server_command():
     cfg.rollout.sglang.env = "JAX_COMPILATION_CACHE_DIR=/c"
     assert sglang_setup.make_server(cfg, 0).environment()["JAX_COMPILATION_CACHE_DIR"] == "/c"
     assert not server.running()  # started by the first weight load
+
+
+def test_a_server_started_from_a_short_lived_thread_outlives_it(tmp_path):
+    """The parent-death signal follows the thread that forked: a server started from a
+    thread that then ends (asyncio.to_thread in a loop that closes, a pool shut down)
+    was killed with that thread; it must live until it is stopped or this process dies."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    server = SGLangServer(str(model), python=sys.executable, module="fake_sglang_server",
+                          args=(), python_path=[str(FAKE_DIR)], log_path=str(tmp_path / "s.log"),
+                          ready_timeout_s=60)
+    assert server.launch_argv()[0].endswith("setpriv")   # the parent-death signal is armed
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()
+    try:
+        time.sleep(1.0)                                    # the signal comes at once if at all
+        assert server.running() and _alive(server.proc.pid), server.log_tail()
+    finally:
+        server.stop()
+    assert not server.running()
 
 
 def _alive(pid: int) -> bool:

@@ -10,9 +10,12 @@ can crash it. The server runs in its own process group, and ``stop`` ends
 the whole group (SIGTERM, then SIGKILL after ``stop_timeout_s``): the server
 forks a scheduler and a detokenizer that must not outlive it. With
 ``die_with_parent`` (default, Linux with util-linux's ``setpriv``) the kernel
-also kills the server when the thread that started it dies, e.g. a rollout
+also kills the server when the process that started it dies, e.g. a rollout
 worker SIGKILLed before it could stop its server; its scheduler and
-detokenizer end with it on their own.
+detokenizer end with it on their own. (The kernel's parent-death signal
+follows the *thread* that forked: every server is forked by one thread that
+lives as long as the process, so ``start`` may be called from any thread,
+e.g. ``asyncio.to_thread`` in a loop that ends before the server should.)
 """
 from __future__ import annotations
 
@@ -24,7 +27,13 @@ import socket
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
+
+# The one thread that forks every server: it lives until the interpreter exits, so a
+# server's parent-death signal (which the kernel ties to the forking thread) fires when
+# the process dies, not when a short-lived caller thread ends.
+_FORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-server-fork")
 
 READY_LINE = "fired up and ready to roll"
 START_MARK = "[sao] starting: "  # first line of each start in the log
@@ -73,9 +82,7 @@ class SGLangServer:
         (before the caller's), e.g. a module that must shadow an installed one.
       ready_timeout_s: how long ``start`` waits for readiness.
       die_with_parent: start it under ``setpriv --pdeathsig KILL`` (where
-        ``setpriv`` exists): the kernel kills it when the *thread* that called
-        ``start`` / ``restart`` dies, so call them from a thread that lives as
-        long as the server should (the main thread, or a pool's worker).
+        ``setpriv`` exists): the kernel kills it when this process dies.
     """
 
     def __init__(self, model_path: str, *, python: str, module: str = "sgl_jax.launch_server",
@@ -142,9 +149,9 @@ class SGLangServer:
             log.write(f"{START_MARK}{shlex.join(self.command())}\n".encode())
             log.flush()
             self._log_offset = log.tell()  # readiness and errors: this start's lines only
-            self.proc = subprocess.Popen(
-                self.launch_argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.environment(), start_new_session=True)
+            self.proc = _FORKER.submit(
+                subprocess.Popen, self.launch_argv(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=self.environment(), start_new_session=True).result()
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
