@@ -36,7 +36,6 @@ import numpy as np
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
                            TimeElapsedColumn)
 from rich.table import Table
-from tensorboardX import SummaryWriter
 
 from sao import storage
 
@@ -93,7 +92,7 @@ class MetricsWriter:
         self._file = storage.AppendLog(self.path)
         self._tb = None
         if tensorboard:
-            self._tb = SummaryWriter(storage.join(workdir, "tb"))
+            self._tb = storage.tensorboard_writer(storage.join(workdir, "tb"))
         self._wandb = _wandb_run(workdir, wandb_project, run_name, run_config) if wandb_project else None
         self._t0 = time.monotonic()
 
