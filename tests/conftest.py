@@ -28,7 +28,8 @@ SHARED = {
     # reclaimed page cache until both ran 3-5x slower (CI, 2026-12-03: a 266 s fleet
     # run took 1301 s beside a SmolLM2 run). One lane runs them one after another
     # while the other worker takes everything else.
-    MEMORY_LANE: ("tests/e2e/test_swe_runs.py", "tests/e2e/test_sglang_fleet_run.py"),
+    MEMORY_LANE: ("tests/e2e/test_swe_runs.py", "tests/e2e/test_sglang_fleet_run.py",
+                  "tests/rollout/test_sglang_real_server.py"),
 }
 _GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
 
