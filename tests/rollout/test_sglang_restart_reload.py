@@ -8,8 +8,8 @@ serving it reloads by restarting the ``SGLangServer`` it supervises on the
 new version's HF export. Published versions (`sao.ckpt.publish` with our HF
 exporter) are loaded by their publish uri; after the restart the log-probs
 follow the new weights. A version whose export the server cannot load fails
-the restart; two failures in a row make the engine unusable, and it says so
-at once from then on. Timings are printed (``pytest -s``).
+the restart; with ``max_reload_failures=1`` that makes the engine unusable,
+and it says so at once from then on. Timings are printed (``pytest -s``).
 """
 import asyncio
 import os
@@ -76,10 +76,10 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
         with pytest.raises(EngineError, match="restarting the server"):
             await engine.load_weights(3, str(broken))
         timings["failed_restart_s"] = time.perf_counter() - t0
-        assert not await engine.health() and not server.running() and engine.unusable is None
-        with pytest.raises(EngineError, match="restarting the server"):
-            await engine.load_weights(3, str(broken))
-        assert "2 weight loads failed in a row" in engine.unusable
+        # One failure is the limit here (the count over several loads and its reset on a
+        # success: test_sglang_reload.py, against a fake server that refuses to start).
+        assert not await engine.health() and not server.running()
+        assert "1 weight loads failed in a row" in engine.unusable
         with pytest.raises(EngineError, match="unusable"):
             await engine.load_weights(3, uris[1])
         with pytest.raises(EngineError, match="unusable"):
@@ -92,7 +92,7 @@ def test_sglang_jax_restart_reload_and_bounded_failures(tmp_path):
         server.start()
         timings["start_s"] = time.perf_counter() - t0
         engine = SGLangEngine(server.base_url, version=1, server=server, reload="restart",
-                              max_reload_failures=2, timeout_s=120)
+                              max_reload_failures=1, timeout_s=120)
         first, second, version = asyncio.run(main(engine))
     finally:
         server.stop()
