@@ -75,6 +75,14 @@ def start_job(workdir: str, logs: str) -> list[subprocess.Popen]:
     return procs
 
 
+def kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)   # the learner and the worker it spawned
+    for p in procs:
+        p.wait()
+
+
 def wait(procs, timeout_s: float, until=lambda: False) -> bool:
     """Waits for both to exit (True) or ``until()`` (False); kills them past the timeout."""
     deadline = time.monotonic() + timeout_s
