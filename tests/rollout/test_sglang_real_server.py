@@ -1,11 +1,10 @@
 """SGLangEngine against the real SGLang server (PyTorch, CPU engine).
 
 `make sglang-real-venv` installs ``sglang==0.5.23`` once per machine outside
-the clone (tests/rollout/sglang_real.py). Two servers per module, started at
-once on the tiny Qwen3 of launch/tiny_model.py (head_dim 128, a ChatML
-tokenizer whose last id, ``</tool_response>``, is in the parity probe), serve
-every test; each test loads its own weights first with
-``/update_weights_from_disk``.
+the clone (tests/rollout/sglang_real.py). One server per module, started on
+the tiny Qwen3 of launch/tiny_model.py (head_dim 128, a ChatML tokenizer
+whose last id, ``</tool_response>``, is in the parity probe), serves every
+test; each test loads its own weights first with ``/update_weights_from_disk``.
 
 * Random Qwen3s of that shape published by `sao.ckpt.publish` with our HF
   exporter: the server's log-probs of the tokens it generated must equal
@@ -15,14 +14,12 @@ every test; each test loads its own weights first with
   over the server: the model's own weights pass; weights that are not the
   learner's (a random init: "weights not loaded") are quarantined and the
   run stops naming the likely causes.
-* README's ``launch/sglang_fleet.py --attach URL,...`` on both servers: a fleet
+* README's ``launch/sglang_fleet.py --attach URL`` on that server: a fleet
   run of 2 SAO steps with every check of tests/e2e/fleet_run.py, each push
-  loaded from disk, the servers left running (one server start fewer than a
-  fleet run of its own).
+  loaded from disk, the server left running (no server start of its own).
 Timings are printed (``pytest -s``).
 """
 import asyncio
-import concurrent.futures
 import pathlib
 import sys
 import time
@@ -62,29 +59,19 @@ def tiny():
 
 
 @pytest.fixture(scope="module")
-def servers(tiny, tmp_path_factory):
-    """Two real SGLang CPU servers on the tiny Qwen3, started at once (their start time
-    in ``start_s``); stopped at the end with their whole process groups."""
-    logs = tmp_path_factory.mktemp("sglang")
-    out = [real_server(tiny[0], log_path=str(logs / f"server{i}.log"), ready_timeout_s=900)
-           for i in range(2)]
+def server(tiny, tmp_path_factory):
+    """The real SGLang CPU server on the tiny Qwen3, started once (its start time in
+    ``server.start_s``); stopped at the end with its whole process group."""
+    srv = real_server(tiny[0], log_path=str(tmp_path_factory.mktemp("sglang") / "server.log"),
+                      ready_timeout_s=900)
     t0 = time.perf_counter()
     try:
-        with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda srv: srv.start(), out))
-        for srv in out:
-            srv.start_s = time.perf_counter() - t0
-        yield out
+        srv.start()
+        srv.start_s = time.perf_counter() - t0
+        yield srv
     finally:
-        for srv in out:
-            srv.stop()
-    for srv in out:
-        assert srv.proc.returncode is not None and not process_group_alive(srv.proc.pid)
-
-
-@pytest.fixture
-def server(servers):
-    return servers[0]
+        srv.stop()
+    assert srv.proc.returncode is not None and not process_group_alive(srv.proc.pid)
 
 
 def test_real_sglang_logprobs_match_and_update_weights_from_disk(tmp_path, tiny, server):
@@ -215,22 +202,22 @@ def test_parity_gate_passes_the_real_server_and_quarantines_wrong_weights(tmp_pa
 
 
 @pytest.mark.timeout(2700)
-def test_real_sglang_servers_attached_by_url_run_the_fleet(tmp_path, tiny, servers):
-    """README's ``--attach URL,...``: the launcher's one-machine fleet (two workers and
-    the learner, tests/e2e/fleet_run.py's command and checks) on these two servers,
-    already running. Each worker loads every push, v0 included, with
-    ``/update_weights_from_disk``; the servers are the user's: still running when the
-    launcher, which stopped everything it started, returns."""
+def test_real_sglang_server_attached_by_url_runs_the_fleet(tmp_path, tiny, server):
+    """README's ``--attach URL,...``: the launcher's one-machine fleet (a worker and the
+    learner, tests/e2e/fleet_run.py's command and checks) on this server, already
+    running. The worker loads every push, v0 included, with ``/update_weights_from_disk``;
+    the server is the user's: still running when the launcher, which stopped everything
+    it started, returns. (Several URLs, one worker each: tests/launch/test_launch_dry_run.py.)"""
     model_dir = tiny[0]
-    before = [srv.log_tail(10**9).count("Start update_weights") for srv in servers]
+    before = server.log_tail(10**9).count("Start update_weights")
     workdir = tmp_path / "run"
-    wall = launch(model_dir, workdir, "--attach=" + ",".join(srv.base_url for srv in servers))
-    facts = check_run(workdir, model_dir)
-    assert all(srv.running() for srv in servers)
-    loads = [srv.log_tail(10**9).count("Start update_weights") - n for srv, n in zip(servers, before)]
-    assert loads == [STEPS + 1] * 2, loads          # v0 .. v2 from disk, no restart
-    assert not list((workdir / "workers").glob("sglang*.log"))   # no server of the workers' own
-    print(f"\nreal SGLang, attached: servers up in {servers[0].start_s:.0f} s, {wall:.0f} s for "
+    wall = launch(model_dir, workdir, f"--attach={server.base_url}", servers=1)
+    facts = check_run(workdir, model_dir, servers=1)
+    assert server.running()
+    loads = server.log_tail(10**9).count("Start update_weights") - before
+    assert loads == STEPS + 1, loads                 # v0 .. v2 from disk, no restart
+    assert not list((workdir / "workers").glob("sglang*.log"))   # no server of the worker's own
+    print(f"\nreal SGLang, attached: server up in {server.start_s:.0f} s, {wall:.0f} s for "
           f"the command (learner {facts['wall_s']:.0f} s), max |log ratio| per step "
           f"{facts['gaps']}, recomputed {facts['recomputed_gaps']}, "
           f"{facts['tool_calls_ran']} tool calls ran")
