@@ -32,9 +32,10 @@ Facts this client relies on (checked against sglang-jax 0.1.0rc0):
 
 Versions: a completion is labelled with the version the client served when
 the request was sent (or the server's ``weight_version`` if it reports one).
-A request that overlaps a disk update may have been served by the newer
-weights: the label can only be older than the truth, which errs on the safe
-side of the staleness bound (docs/algorithm.md §6).
+This engine's own requests never overlap a load (it drains them first); on
+an attached server that other clients also reload, a label can only be
+older than the truth, which errs on the safe side of the staleness bound
+(docs/algorithm.md §6).
 """
 from __future__ import annotations
 
@@ -78,8 +79,9 @@ class SGLangEngine(Engine):
         process is dead, and a load restarts it), or None to attach by URL.
       reload: ``"update_weights_from_disk"`` or ``"restart"`` (needs ``server``).
       reload_timeout_s: time allowed for one ``/update_weights_from_disk``
-        attempt (retried like other requests); a restart is bounded by the
-        server's own stop and ready timeouts.
+        attempt (retried like other requests), and how long the server may wait
+        for idle before the ``/flush_cache`` that follows; a restart is bounded
+        by the server's own stop and ready timeouts.
       max_reload_failures: loads failing in a row before the engine is unusable.
       owns_server: ``close()`` also stops ``server`` (the engine's owner
         handed it over, e.g. a rollout worker's own server).
@@ -131,7 +133,8 @@ class SGLangEngine(Engine):
         self._open = asyncio.Event()  # cleared while a reload runs
         self._open.set()
         self._inflight = 0
-        self._idle = asyncio.Condition()
+        self._idle = asyncio.Event()  # set while no request is in flight
+        self._idle.set()
         self._reload_lock = asyncio.Lock()
 
     def _http(self) -> aiohttp.ClientSession:
@@ -181,9 +184,7 @@ class SGLangEngine(Engine):
         }
         self._check_usable()
         self._bind_loop()
-        await self._open.wait()
-        self._check_usable()  # a restart that failed for good while this request waited
-        self._inflight += 1
+        await self._enter()
         try:
             for attempt in range(self.max_retries + 1):
                 version = self._version
@@ -196,9 +197,7 @@ class SGLangEngine(Engine):
                     await asyncio.sleep(self.backoff_s * 2 ** attempt)
             raise EngineError(f"generate aborted {self.max_retries + 1} times")
         finally:
-            async with self._idle:
-                self._inflight -= 1
-                self._idle.notify_all()
+            self._leave()
 
     async def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Prompt log-probs of ``sequences`` (``Engine.score``): one
@@ -207,24 +206,36 @@ class SGLangEngine(Engine):
         samples one even when asked for none);
         ``meta_info.input_token_logprobs`` (``[[logprob, id, text], ...]``,
         the first logprob null) gives the answer (``_parse_input_logprobs``).
-        Waits for a restart-reload like ``generate``. Raises EngineError on a
+        Waits for a reload like ``generate``. Raises EngineError on a
         malformed answer (ids that are not the sequence's, a missing or
         non-finite log-prob)."""
         seqs = check_sequences(sequences)
         self._check_usable()
         self._bind_loop()
-        await self._open.wait()
-        self._check_usable()
-        self._inflight += 1
+        await self._enter()
         try:
             outs = await asyncio.gather(*(self._post("/generate", {
                 "input_ids": seq, "return_logprob": True, "logprob_start_len": 0,
                 "sampling_params": {"temperature": 1.0, "max_new_tokens": 1}}) for seq in seqs))
         finally:
-            async with self._idle:
-                self._inflight -= 1
-                self._idle.notify_all()
+            self._leave()
         return [_parse_input_logprobs(out, seq) for out, seq in zip(outs, seqs)]
+
+    async def _enter(self) -> None:
+        """Waits while a reload runs, then counts this request in flight. The gate is
+        checked again after each wake-up: a second reload may close it before this
+        coroutine runs."""
+        while not self._open.is_set():
+            await self._open.wait()
+        self._check_usable()  # a reload that failed for good while this request waited
+        self._inflight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        """Counts a request out, without awaiting (a cancelled request cannot skip it)."""
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
 
     async def load_weights(self, version: int, uri: str) -> None:
         """Serves the HF directory ``uri`` as learner ``version``.
@@ -276,8 +287,8 @@ class SGLangEngine(Engine):
         restart = self.reload == "restart" or self._server_dead()
         self._open.clear()
         try:
-            async with self._idle:
-                await self._idle.wait_for(lambda: self._inflight == 0)
+            while self._inflight:
+                await self._idle.wait()
             if restart:
                 if self._session is not None:
                     await self._session.close()
@@ -308,7 +319,10 @@ class SGLangEngine(Engine):
             return
         if not out.get("success", False):
             raise EngineError(f"update_weights_from_disk refused: {out.get('message', out)}")
-        await self._flush_cache()  # recent servers flushed already; older ones did not
+        try:  # a success means SGLang >= 0.5 flushed; older servers did not
+            await self._flush_cache()
+        except EngineError as e:  # e.g. another client of an attached server kept it busy
+            log.warning("flush_cache after a weight update that succeeded: %s", e)
 
     async def _flush_cache(self) -> None:
         """``POST /flush_cache?timeout=T``: the server waits up to T seconds

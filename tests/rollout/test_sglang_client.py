@@ -181,6 +181,23 @@ def test_update_on_reload_drains_in_flight_requests_first():
     assert events == [("generated", 0), ("update", 1), ("generated", 1)] and fake.flushes == 1
 
 
+def test_cancelled_requests_leave_the_engine_drainable():
+    """A request cancelled in flight (an abandoned episode) is counted out at once: the
+    next load does not wait for it, and a request after the load is served."""
+    fake = FakeSGLang(delay_s=5.0)
+
+    async def body(e):
+        tasks = [asyncio.create_task(e.generate([i], SamplingParams())) for i in range(3)]
+        await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        fake.delay_s = 0.0
+        await asyncio.wait_for(e.load_weights(1, "/hf/1"), timeout=3.0)
+        return (await e.generate([9], SamplingParams())).versions
+    assert run_with(fake, body) == [1, 1, 1]
+
+
 def test_engine_survives_successive_event_loops():
     """Drivers call asyncio.run per evaluation: the engine must not keep a dead loop's session."""
     fake = FakeSGLang()
