@@ -30,9 +30,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-# The one thread that forks every server: it lives until the interpreter exits, so a
-# server's parent-death signal (which the kernel ties to the forking thread) fires when
-# the process dies, not when a short-lived caller thread ends.
+# The one thread that forks every server: it lives until the interpreter shuts down (it
+# is joined right after the main thread returns), so a server's parent-death signal,
+# which the kernel ties to the forking thread, fires then or when the process dies,
+# not when a short-lived caller thread ends. (A process forked from this one without
+# exec must not start servers: the executor's thread is not in the child.)
 _FORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-server-fork")
 
 READY_LINE = "fired up and ready to roll"

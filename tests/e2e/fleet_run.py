@@ -118,8 +118,8 @@ def check_run(workdir: pathlib.Path, model: str, servers: int = 2) -> dict:
         assert r["batch/staleness_max"] == 0 and r["learner/actor_updated"] == 1
         assert r["actor/grad_norm"] > 0
     assert max(gaps) <= 1e-4, gaps
-    # The log-prob parity gate (on by default) checked both servers at every version and
-    # passed them: the ChatML probe holds the model's last id, which SGLang reports as 0.
+    # The log-prob parity gate (on by default) checked every server at every version and
+    # passed it: the ChatML probe holds the model's last id, which SGLang reports as 0.
     for s, r in rl.items():
         passed = {k: v for k, v in r.items() if k.startswith("parity/") and k.endswith("/passed")}
         assert len(passed) == servers and set(passed.values()) == {1}, r

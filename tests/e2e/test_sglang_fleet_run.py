@@ -1,4 +1,5 @@
-"""README's one-machine fleet command on this CPU, with sglang-jax servers:
+"""The launcher's one-machine fleet command (README's step 2) on this CPU, with sglang-jax
+servers (``--backend=jax``):
 
     python launch/sglang_fleet.py --config=experiments/sao_math.py:fleet_cpu --workdir=W \\
         --model=M --servers=2 --backend=jax --device=cpu --sglang_python=.venv-sglang/bin/python \\

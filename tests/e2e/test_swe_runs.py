@@ -5,7 +5,7 @@
   worker's endpoint (the run's token), its bash commands in the sandboxed
   workspace of a micro-tier repository task; 1 learner step of 2
   trajectories through the gRPC fleet (the config's 2 cut to 1), held-out
-  evaluation on the fleet before and after (on the pushed version 1).
+  evaluation on the fleet before and after the step.
 * ``cpu``: the tiny byte-level model, the reference harness stepping
   ``SweEnv`` through the endpoint, an SFT warm start on the scripted fixes of
   the micro tier's training tasks (2 SFT steps here), 2 learner steps.
@@ -107,8 +107,8 @@ def test_mini_swe_agent_drives_smollm2_through_the_fleet(tmp_path):
     from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
     workdir = str(tmp_path / "run")
-    # One learner step (the config's second adds no path; ~80 s): its publish is loaded by
-    # both workers before the final evaluation, which runs on it.
+    # One learner step (the config's second adds no path; ~80 s); its publish is pushed to
+    # both workers before the final evaluation.
     summary, steps, wall = run("experiments/sao_swe.py:smollm2_cpu", workdir, "--config.run.steps=1")
     check_fleet(summary, steps, batch=2, n_steps=1)
     assert summary["policy_version"] == 1

@@ -267,9 +267,9 @@ def scenario(tmp_path_factory):
 def test_unauthenticated_weight_injection_is_refused_and_the_run_goes_on(scenario):
     # Finding 1: before, both calls were ok, the workers jumped to 10**6 and the learner died.
     assert scenario["attack"] == ["UNAUTHENTICATED"] * 4
-    # It kept training: the checkpoint the learner was killed after is newer than any at the
-    # attack (how many steps came between is the run's timing, not the attack's effect).
-    assert scenario["killed_after"] > scenario["attack_step"]
+    # It kept training after the attack: the fixture waited for a checkpoint newer than any
+    # at the attack and raises if the run died first (how many steps came between is the
+    # run's timing, not the attack's effect; asserting 2 failed a fresh clone at 1).
     assert scenario["returncode"] == 0, scenario["life2_log"][-3000:]
 
 
