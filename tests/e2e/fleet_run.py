@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ for _path in (ROOT, ROOT / "tests" / "rollout", ROOT / "tests" / "launch"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
-from cluster import left_running, tagged_env  # noqa: E402
+from cluster import free_ports, left_running, tagged_env  # noqa: E402
 from sao import run_metrics  # noqa: E402
 from sao.ckpt import hf_dir  # noqa: E402
 from sao.fleet.replay import read_batches  # noqa: E402
@@ -30,32 +29,12 @@ from sao.rollout.sglang_server import READY_LINE, START_MARK  # noqa: E402
 STEPS = 2
 
 
-def free_base_port(n: int) -> int:
-    """A port p with p .. p + n - 1 free on 127.0.0.1 a moment ago."""
-    rng = np.random.default_rng()
-    for _ in range(200):
-        base = int(rng.integers(20000, 60000))
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
-
-
 def launch(model: str, workdir: pathlib.Path, *server_flags: str, servers: int = 2) -> float:
     """Runs the launcher's command (``servers`` workers) to the end; returns its wall time (s)."""
     argv = [sys.executable, "launch/sglang_fleet.py", "--config=experiments/sao_math.py:fleet_cpu",
             f"--workdir={workdir}", f"--model={model}", f"--servers={servers}", "--device=cpu",
-            f"--python={sys.executable}", f"--sglang_port={free_base_port(2)}",
-            f"--worker_port={free_base_port(2)}", *server_flags, "--learner",
+            f"--python={sys.executable}", f"--sglang_port={free_ports(2)}",
+            f"--worker_port={free_ports(2)}", *server_flags, "--learner",
             "--set", "rollout.tau=0", "--set", f"run.steps={STEPS}",
             "--set", "run.progress=False", "--set", "run.record_batches=True",
             "--set", "eval.every=1",   # before, during (step 1) and after

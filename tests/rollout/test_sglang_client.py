@@ -125,6 +125,17 @@ def test_load_weights_from_disk_then_flush():
     assert fake.flushes == 1
 
 
+async def request_reload_request(e):
+    """Tasks: a request, a load of version 1 sent while it is in flight, and a second
+    request sent while the load waits (it must wait for the load)."""
+    first = asyncio.create_task(e.generate([1], SamplingParams()))
+    await asyncio.sleep(0.1)
+    reload = asyncio.create_task(e.load_weights(1, "/hf/1"))
+    await asyncio.sleep(0.01)
+    second = asyncio.create_task(e.generate([2], SamplingParams()))
+    return first, reload, second
+
+
 def test_restart_on_reload_drains_in_flight_requests_first():
     events = []
 
@@ -137,11 +148,7 @@ def test_restart_on_reload_drains_in_flight_requests_first():
 
     fake = FakeSGLang(delay_s=0.3)
     async def body(e):
-        first = asyncio.create_task(e.generate([1], SamplingParams()))
-        await asyncio.sleep(0.1)  # request in flight
-        reload = asyncio.create_task(e.load_weights(1, "/hf/1"))
-        await asyncio.sleep(0.01)
-        second = asyncio.create_task(e.generate([2], SamplingParams()))  # waits for the reload
+        first, reload, second = await request_reload_request(e)
         c1 = await first
         events.append(("first_done", c1.versions))
         await reload
@@ -169,11 +176,7 @@ def test_update_on_reload_drains_in_flight_requests_first():
 
     fake = Recording(delay_s=0.3)
     async def body(e):
-        first = asyncio.create_task(e.generate([1], SamplingParams()))
-        await asyncio.sleep(0.1)  # request in flight
-        reload = asyncio.create_task(e.load_weights(1, "/hf/1"))
-        await asyncio.sleep(0.01)
-        second = asyncio.create_task(e.generate([2], SamplingParams()))  # waits for the reload
+        first, reload, second = await request_reload_request(e)
         c1, _, c2 = await asyncio.gather(first, reload, second)
         return c1.versions, c2.versions
     assert run_with(fake, body) == ([0, 0, 0], [1, 1, 1])
