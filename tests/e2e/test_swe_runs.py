@@ -3,8 +3,8 @@
 * ``smollm2_cpu``: SmolLM2-135M-Instruct in two JaxEngine rollout worker
   processes; **mini-swe-agent, unmodified**, runs every episode against each
   worker's endpoint (the run's token), its bash commands in the sandboxed
-  workspace of a micro-tier repository task; 1 learner step of 2
-  trajectories through the gRPC fleet (the config's 2 cut to 1), held-out
+  workspace of a micro-tier repository task; 2 learner steps of 2
+  trajectories each through the gRPC fleet, held-out
   evaluation on the fleet before and after the step.
 * ``cpu``: the tiny byte-level model, the reference harness stepping
   ``SweEnv`` through the endpoint, an SFT warm start on the scripted fixes of
@@ -107,11 +107,11 @@ def test_mini_swe_agent_drives_smollm2_through_the_fleet(tmp_path):
     from minisweagent.models.utils.actions_toolcall import BASH_TOOL
 
     workdir = str(tmp_path / "run")
-    # One learner step (the config's second adds no path; ~80 s); its publish is pushed to
-    # both workers before the final evaluation.
-    summary, steps, wall = run("experiments/sao_swe.py:smollm2_cpu", workdir, "--config.run.steps=1")
-    check_fleet(summary, steps, batch=2, n_steps=1)
-    assert summary["policy_version"] == 1
+    # The config's 2 learner steps (the acceptance of the agentic-coding issue): the second
+    # trains on episodes sampled by pushed version 1.
+    summary, steps, wall = run("experiments/sao_swe.py:smollm2_cpu", workdir)
+    check_fleet(summary, steps, batch=2)
+    assert summary["policy_version"] == 2
     cfg = sao_swe.get_config("smollm2_cpu")
     tok = components.make_tokenizer(cfg)
     records = {r["prompt_id"]: r for t in components.make_tasks(cfg).values() for r in t.records()}
