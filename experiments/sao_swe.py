@@ -82,6 +82,8 @@ def smollm2_cpu(c):
     c.critic.critic_lr = 5e-6
     c.critic.critic_warmup_steps = 0
     c.critic.value_pretrain_steps = 0
+    c.rollout.num_workers = 1                # one SmolLM2 engine: a second one compiled the same
+                                             # programs again (~100 s of CPU) and held ~1.8 GB
     c.rollout.max_concurrency = c.rollout.engine_slots = 2
     c.rollout.max_len = 512
     c.rollout.max_new_tokens = 96

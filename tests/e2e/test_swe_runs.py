@@ -1,11 +1,11 @@
 """End to end: ``python -m sao.main --config=experiments/sao_swe.py:{smollm2_cpu,cpu}``.
 
-* ``smollm2_cpu``: SmolLM2-135M-Instruct in two JaxEngine rollout worker
-  processes; **mini-swe-agent, unmodified**, runs every episode against each
+* ``smollm2_cpu``: SmolLM2-135M-Instruct in one JaxEngine rollout worker
+  process; **mini-swe-agent, unmodified**, runs every episode against the
   worker's endpoint (the run's token), its bash commands in the sandboxed
   workspace of a micro-tier repository task; 2 learner steps of 2
   trajectories each through the gRPC fleet, held-out
-  evaluation on the fleet before and after the step.
+  evaluation on the fleet before and after the steps.
 * ``cpu``: the tiny byte-level model, the reference harness stepping
   ``SweEnv`` through the endpoint, an SFT warm start on the scripted fixes of
   the micro tier's training tasks (2 SFT steps here), 2 learner steps.
