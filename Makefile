@@ -24,11 +24,11 @@ run: $(STAMP)
 # pytest exits 5 when it collects nothing: that must fail, so no special case.
 # The real SGLang environment is installed once per machine, outside the clone
 # (first `make test` on a fresh machine: ~3-12 min, 11 GB), for the e2e fleet run.
-# TEST_WORKERS pytest-xdist processes (2: sized for a 2-core machine; many e2e
-# tests mostly wait on their subprocesses); `--dist loadgroup` keeps each module,
+# TEST_WORKERS pytest-xdist processes (3 on a 2-core machine: with 2 the cores sat
+# ~25% idle while e2e tests waited on their subprocesses; tests/README.md "Time"); `--dist loadgroup` keeps each module,
 # and each group named with `pytest.mark.xdist_group`, on one worker
 # (tests/conftest.py, tests/README.md). TEST_WORKERS=0 runs in this process.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) sglang-venv sglang-real-venv
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 

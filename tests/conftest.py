@@ -22,12 +22,13 @@ SHARED = {
                  "tests/notebooks/test_trajectory_viewer_notebook.py"),   # test_main_support
     "shared_learner": ("tests/learner/test_update.py", "tests/analysis/test_token_table.py",
                        "tests/test_ckpt.py"),                            # learner/helpers.py
-    # Memory, not an artefact: the runs that hold a SmolLM2 learner (~5-8 GB plus two
-    # ~1.8 GB workers) or SGLang servers and a fleet (~3 GB per real SGLang server). Two
+    # Memory, not an artefact: the runs that hold a SmolLM2 learner (~5-8 GB plus a
+    # ~1.8 GB worker) or SGLang servers and a fleet (~3 GB per real SGLang server). Two
     # at once went past this machine's 24 GB: the OOM killer ended one, or the kernel
     # reclaimed page cache until both ran 3-5x slower (CI, 2026-12-03: a 266 s fleet
     # run took 1301 s beside a SmolLM2 run). One lane runs them one after another
-    # while the other worker takes everything else.
+    # while the other workers take everything else (three under `make test`: peak
+    # 18.0 GB used, 2026-12-03).
     MEMORY_LANE: ("tests/e2e/test_swe_runs.py", "tests/e2e/test_sglang_fleet_run.py",
                   "tests/rollout/test_sglang_real_server.py"),
 }
