@@ -11,11 +11,15 @@ One scenario, checked by the tests below (slow: two learner lives, ~5 min):
    weight push and to answer keepalives), so the groups with a member leased
    to it cannot complete while their other members reach the learner (without
    the hold the fleet runs in lockstep and few checkpoints hold groups in
-   pieces; a fresh clone's run had none). Not strictly deterministic: the
-   worker's episodes advance while it takes a push. The learner is frozen
-   (SIGSTOP) as soon as its latest checkpoint holds one, then SIGKILLed, so
-   no later checkpoint can slip in; its workers must exit with it;
-4. the same command resumes from that checkpoint and finishes the run.
+   pieces; a fresh clone's run had none). The hold alone does not make every
+   checkpoint hold one (the worker's episodes advance while it takes a push),
+   so life 1 gets a budget of 10,000 steps, which it cannot reach before the
+   wait for such a checkpoint gives up (600 s): a run ending before one came
+   is no longer a way to fail. The learner is frozen (SIGSTOP) as soon as its
+   latest checkpoint holds one, then SIGKILLed, so no later checkpoint can
+   slip in; its workers must exit with it;
+4. the same command with ``run.steps`` raised to 3 past that checkpoint
+   resumes from it and finishes the run.
 """
 import json
 import os
@@ -35,20 +39,25 @@ from sao import run_metrics  # noqa: E402
 from sao.rpc import auth, credentials, sao_pb2, sao_pb2_grpc  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]   # the scenario runs in the first test's setup
-STEPS, B, G = 20, 8, 4      # enough steps that the run outlives a worker restart (~15 s)
+# Life 1's step budget is one the run cannot finish while the hold lasts (the wait for a
+# checkpoint with groups in pieces is bounded in time, not by the run's end: at 20 steps a
+# run could end before one came); life 2 is the same command with run.steps raised to AFTER
+# steps past the checkpoint it resumes from (how a user extends or cuts a run).
+LIFE1_STEPS, AFTER, B, G = 10_000, 3, 8, 4
 ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--config.learner.batch_size={B}",
         f"--config.rollout.group_size={G}", "--config.eval.num_prompts=8", "--config.eval.every=0",
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
         "--config.rollout.max_concurrency=12", "--config.rollout.engine_slots=12",  # 3 groups in flight: batches of 8 cut groups
         "--config.checkpoint.every=1", "--config.checkpoint.keep=40", "--config.run.progress=False",
-        f"--config.run.steps={STEPS}"]
+        ]
 ORPHAN_BOUND_S = 30.0
 
 
-def start(workdir: str, log: str) -> subprocess.Popen:
+def start(workdir: str, log: str, steps: int) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "sao.main", f"--workdir={workdir}", *ARGS],
+        return subprocess.Popen([sys.executable, "-m", "sao.main", f"--workdir={workdir}", *ARGS,
+                                 f"--config.run.steps={steps}"],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -203,7 +212,7 @@ def scenario(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("grpo-faults"))
     wdir = os.path.join(workdir, "workers")
     seen: dict = {"workdir": workdir}
-    run = start(workdir, os.path.join(workdir, "life1.log"))
+    run = start(workdir, os.path.join(workdir, "life1.log"), LIFE1_STEPS)
     pids: list[int] = []
     try:
         wait_for(lambda: os.path.isdir(os.path.join(workdir, "publish")) and os.listdir(
@@ -250,7 +259,8 @@ def scenario(tmp_path_factory):
         seen["killed_after"] = latest_step(workdir)
         seen["restored_meta"] = checkpoint_meta(workdir, seen["killed_after"])
         # 4. The same command resumes and finishes.
-        life2 = start(workdir, os.path.join(workdir, "life2.log"))
+        seen["steps"] = seen["killed_after"] + AFTER
+        life2 = start(workdir, os.path.join(workdir, "life2.log"), seen["steps"])
         seen["returncode"] = life2.wait(timeout=1200)
         seen["life2_log"] = open(os.path.join(workdir, "life2.log")).read()
         print("scenario:", json.dumps({k: v for k, v in seen.items()             # for docs/reliability.md
@@ -292,10 +302,10 @@ def test_grpo_run_resumes_from_a_checkpoint_holding_groups(scenario):
     k = scenario["killed_after"]
     assert f"resumed at step {k}" in scenario["life2_log"]
     summary = json.load(open(os.path.join(scenario["workdir"], "summary.json")))
-    assert summary["steps"] == STEPS
+    assert summary["steps"] == scenario["steps"] == k + AFTER
     rl = [r for r in run_metrics.read_metrics(scenario["workdir"]) if r["phase"] == "rl"]
     after = [r for r in rl if r["step"] > k]
-    assert [r["step"] for r in after][-(STEPS - k):] == list(range(k + 1, STEPS + 1))
+    assert [r["step"] for r in after][-AFTER:] == list(range(k + 1, k + AFTER + 1))
     # No group lost to the resume: none evicted as incomplete, and every row the batcher got
     # since the start is served, held or dropped with a stale group (re-sampled then).
     assert all(r["groups/dropped_evicted"] == 0 for r in after)
