@@ -155,8 +155,8 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
         value_eval = make_value_eval(cfg, learner, sampler, heldout, workdir, log)
 
         def evaluate(states, step: int) -> dict:
-            k = cfg.eval.samples_per_prompt                 # each held-out prompt k times
-            m = sampler.pass_at_1(states, [p for p in heldout for _ in range(k)],
+            k = cfg.eval.samples_per_prompt   # each held-out prompt k times, as groups 0..k-1
+            m = sampler.pass_at_1(states, [{**p, "group": j} for p in heldout for j in range(k)],
                                   temperature=cfg.eval.temperature)
             if m:                                          # the lead's metrics
                 m.update(value_eval(states))               # critics on one fixed episode set

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from sao.fleet.leases import Lease, LeaseBook, prompt_id_of
+from sao.fleet.leases import Lease, LeaseBook, issue_key, prompt_id_of
 from sao.types import Trajectory
 
 
@@ -25,27 +25,30 @@ class SampleJob:
     """One episode for each of ``prompts``, at ``temperature``.
 
     Args:
-      prompts: JSON-serialisable dicts with distinct prompt ids
-        (``prompt_id`` or ``id``; else their position).
+      prompts: JSON-serialisable dicts, each issue named once: by its prompt id
+        (``prompt_id`` or ``id``; else its position) and, when present, its
+        ``epoch`` / ``group`` fields (``sao.fleet.leases.issue_key``), so k
+        samples of one prompt are k records with ``group`` 0..k-1.
       temperature: sampling temperature of every episode (>= 0).
       max_attempts: issues of a prompt whose episode failed before giving up.
-    Raises ValueError on no prompts, repeated prompt ids or a negative temperature.
+    Raises ValueError on no prompts, a repeated (prompt id, epoch, group) or a
+    negative temperature.
     """
 
     def __init__(self, prompts: Sequence[dict], *, temperature: float, max_attempts: int):
-        prompts = list(prompts)
-        ids = [prompt_id_of(p, i) for i, p in enumerate(prompts)]
-        if not prompts:
+        records = [{**p, "prompt_id": prompt_id_of(p, i)} for i, p in enumerate(prompts)]
+        keys = [issue_key(r, i) for i, r in enumerate(records)]   # the book's own names
+        if not records:
             raise ValueError("a sample job needs at least one prompt")
-        if len(set(ids)) != len(ids):
-            raise ValueError("sample job prompts must have distinct prompt ids")
+        if len(set(keys)) != len(keys):
+            raise ValueError("sample job prompts must be distinct (prompt id, epoch, group); "
+                             "give the samples of one prompt distinct 'group' fields")
         if not temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         self.temperature = float(temperature)
         self.max_attempts = int(max_attempts)
-        self.book = LeaseBook([{**p, "prompt_id": pid} for pid, p in zip(ids, prompts)],
-                              temperature=self.temperature)
-        self._index = {pid: i for i, pid in enumerate(ids)}
+        self.book = LeaseBook(records, temperature=self.temperature)
+        self._index = {key: i for i, key in enumerate(keys)}
         self.results: list[Trajectory | None] = [None] * len(prompts)
         self.reasons: dict[int, str] = {}  # position -> why it has no trajectory
         self.settled = 0  # prompts with their outcome
@@ -80,6 +83,8 @@ class SampleJob:
                 return "retry"
             self._finish(prompt_id, i, None, f"episode_failed: {error}")
             return "failed"
+        if traj is not None and reason is None:   # the prompt's own id, as in training
+            traj.prompt_id, traj.epoch, traj.group = self.book.identity(prompt_id)
         self._finish(prompt_id, i, traj if reason is None else None, reason)
         return "sampled" if reason is None else reason
 

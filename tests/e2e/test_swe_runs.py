@@ -136,7 +136,7 @@ def test_cpu_variant_micro_tier_two_steps(tmp_path):
     workdir = str(tmp_path / "run")
     summary, steps, wall = run("experiments/sao_swe.py:cpu", workdir, "--config.run.steps=2",
                                "--config.sft.steps=2", "--config.critic.value_pretrain_steps=0",
-                               "--config.eval.num_prompts=2", "--config.eval.samples_per_prompt=1",
+                               "--config.eval.num_prompts=2", "--config.eval.samples_per_prompt=2",  # k > 1 on the fleet
                                "--config.learner.batch_size=4")
     check_fleet(summary, steps, batch=4)
     assert os.path.exists(os.path.join(workdir, "sft", "result.json"))

@@ -58,11 +58,30 @@ def test_sample_job_leases_carry_temperature_and_are_never_trained():
     assert snap["sample_dropped"] == snap["sample_failed"] == 0 and snap["dropped"] == 0
 
 
+def test_k_samples_of_each_prompt_are_k_issues_answered_in_order():
+    # What eval.samples_per_prompt = k sends (sao/train.py): each held-out prompt k times with
+    # group 0..k-1. Before, a fleet evaluation with k > 1 raised "distinct prompt ids" at step 0.
+    held_out = [{"prompt_id": f"e{i}", "length": 6, "reward": float(i % 2)} for i in range(3)]
+    copies = [{**p, "group": j} for p in held_out for j in range(4)]
+    cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=1, reconnect_s=0.05)
+    with temperature_worker() as a, temperature_worker() as b:
+        with Dispatcher([a.address, b.address], prompts(8, length=8, prefix="t"), cfg) as d:
+            d.push_weights(1, "v1")
+            sampled = d.sample(copies, temperature=1.0, timeout=30)
+            snap = d.snapshot()
+    assert [t.prompt_id for t in sampled] == [p["prompt_id"] for p in copies]
+    assert [t.reward for t in sampled] == [p["reward"] for p in copies]
+    assert [t.group for t in sampled] == [p["group"] for p in copies]
+    assert snap["sampled"] == 12 and snap["sample_dropped"] == snap["sample_failed"] == 0
+
+
 def test_sample_job_refuses_bad_requests():
     with pytest.raises(ValueError, match="at least one"):
         SampleJob([], temperature=1.0, max_attempts=1)
     with pytest.raises(ValueError, match="distinct"):
         SampleJob([{"id": 1}, {"id": 1}], temperature=1.0, max_attempts=1)
+    with pytest.raises(ValueError, match="distinct"):
+        SampleJob([{"id": 1, "group": 0}, {"id": 1, "group": 0}], temperature=1.0, max_attempts=1)
     with pytest.raises(ValueError, match="temperature"):
         SampleJob([{"id": 1}], temperature=-1.0, max_attempts=1)
 
