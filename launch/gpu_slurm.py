@@ -181,8 +181,12 @@ def main(argv=None) -> int:
     with open(path, "w") as f:
         f.write(script)
     print_locations(args.workdir)
-    print(f"Slurm log: {args.workdir}/slurm-<job id>.out", file=sys.stderr)
-    return run_steps(steps[1:])
+    log = f"{args.workdir}/slurm-JOBID.out (JOBID: the number in sbatch's line below)"
+    print(f"Slurm log, the learner's and the workers' output: {log}", file=sys.stderr)
+    status = run_steps(steps[1:])
+    if args.wait:
+        print(f"the job ended with exit status {status}; its output: {log}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

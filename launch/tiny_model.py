@@ -165,10 +165,12 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(f"usage: python {sys.argv[0]} OUT_DIR", file=sys.stderr)
         return 2
-    source = cached()
     if os.path.exists(argv[0]):
         print(f"{argv[0]} exists; leaving it", file=sys.stderr)
         return 1
+    print("tiny_model: the cached model, built first if this machine has none (training a small "
+          "Qwen3 on CPU: minutes, no output until done)", file=sys.stderr, flush=True)
+    source = cached()
     shutil.copytree(source, argv[0])
     print(os.path.abspath(argv[0]))
     return 0

@@ -23,3 +23,21 @@ def chips_per_host(accelerator: str) -> int:
     gen, cores = accelerator.split("-")
     chips = int(cores) // 2 if gen in ("v4", "v5p") else int(cores)
     return min(CHIPS_PER_HOST, max(1, chips))
+
+
+# Cloud TPU VM software versions (gcloud ``--version``) per generation, as Google's Cloud
+# TPU documentation lists them for JAX; another generation needs ``--runtime``.
+RUNTIMES = {"v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
+            "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
+
+
+def default_runtime(accelerator: str) -> str:
+    """The TPU VM software version for ``accelerator`` (``v4-8`` -> ``tpu-ubuntu2204-base``).
+
+    Raises ValueError for a generation not in ``RUNTIMES``.
+    """
+    gen = accelerator.split("-")[0]
+    if gen not in RUNTIMES:
+        raise ValueError(f"no default TPU runtime for {accelerator!r} (known: {', '.join(RUNTIMES)}); "
+                         f"pass --runtime")
+    return RUNTIMES[gen]

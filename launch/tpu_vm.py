@@ -45,7 +45,7 @@ from launch import fleet_token, install  # noqa: E402
 from launch.common import (Step, add_common_flags, check_config, dry_run_or_run, expandable,  # noqa: E402
                            print_locations, sao_main)
 from launch.mesh_check import learner_mesh  # noqa: E402
-from launch.tpu_slice import CHIPS_PER_HOST, num_hosts  # noqa: E402
+from launch.tpu_slice import CHIPS_PER_HOST, default_runtime, num_hosts  # noqa: E402
 COORDINATOR_PORT = 8476
 WORKER_PORT = 50151
 DEFAULT_MOUNT = "/mnt/sao-bucket"
@@ -175,12 +175,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tpu", default="sao-tpu", help="TPU VM name")
     parser.add_argument("--zone", default="us-east5-a")
     parser.add_argument("--accelerator", default="v5p-64", help="TPU slice type")
-    parser.add_argument("--runtime", default="v2-alpha-tpuv5", help="TPU VM software version")
+    parser.add_argument("--runtime", default="", help="TPU VM software version (default: the "
+                        "one for --accelerator's generation, launch/tpu_slice.RUNTIMES)")
     parser.add_argument("--existing_tpu", action="store_true",
                         help="the TPU VM exists: do not create it (nor delete it at the end)")
     parser.add_argument("--keep_tpu", action="store_true",
                         help="do not delete the TPU VM this launch created when the learner ends")
-    parser.add_argument("--repo", default="https://github.com/YOUR_ORG/sao.git")
+    parser.add_argument("--repo", default="", help="git URL every machine clones SAO from "
+                        "(needed unless --no_install)")
     parser.add_argument("--repo_dir", default="sao", help="SAO checkout on every machine (from $HOME)")
     parser.add_argument("--python", default=".venv/bin/python",
                         help="SAO's interpreter on every machine (relative to --repo_dir, or absolute)")
@@ -223,6 +225,16 @@ def main(argv=None) -> int:
         num_hosts(args.accelerator)
     except ValueError as e:
         parser.error(str(e))
+    if not args.runtime:
+        try:
+            args.runtime = default_runtime(args.accelerator)
+        except ValueError as e:
+            parser.error(str(e))
+    if not args.repo and not args.no_install:
+        if not args.dry_run:
+            parser.error("--repo: the git URL every machine clones SAO from (or --no_install when "
+                         "--repo_dir already holds SAO on every machine)")
+        args.repo = "<--repo URL>"
     check_config(args)
     chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
     learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")

@@ -36,6 +36,8 @@ def test_tpu_vm_launch_commands():
                     "--workdir=gs://b/run", "--tpu=t1", "--accelerator=v5p-64", "--fleet=f0,f1",
                     "--servers_per_machine=2")
     assert "tpus tpu-vm create t1" in lines[0] and "--accelerator-type=v5p-64" in lines[0]
+    assert "--version=v2-alpha-tpuv5" in lines[0]              # v5p's runtime, by default
+    assert "<--repo URL>" in lines[1]                          # a dry run shows what --repo fills
     assert "--worker=all" in lines[1] and "pip install" in lines[1]
     assert sum("launch/sglang_fleet.py" in l for l in lines) == 2
     learner = next(l for l in lines if "--role=learner" in l)
@@ -252,3 +254,24 @@ def test_slurm_attach_and_tp():
     text = "\n".join(script)
     assert text.index("srun --het-group=0 --kill-on-bad-exit=1") < text.index('kill -TERM "$FLEET_PID"')
     assert script[-1] == 'exit "$status"'  # the learner's status, no bare wait holding the nodes
+
+
+def test_tpu_vm_runtime_follows_the_accelerator_and_a_real_run_needs_repo(tmp_path):
+    # A new user's box run created a v4-8 with v5p's runtime; and a real launch cloned a
+    # placeholder URL. Both are refused or derived before any gcloud call (PATH is empty).
+    base = ["--config=experiments/sao_math.py:qwen3_8b", "--workdir=gs://b/run", "--fleet=f0"]
+    lines = dry_run("tpu_vm.py", *base, "--accelerator=v4-8")
+    assert "--version=tpu-ubuntu2204-base" in lines[0]
+    lines = dry_run("tpu_vm.py", *base, "--accelerator=v6e-8", "--runtime=custom-rt",
+                    "--repo=https://example.org/sao.git")
+    assert "--version=custom-rt" in lines[0] and "git clone https://example.org/sao.git" in lines[1]
+
+    def refused(*args):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_vm.py"), *base, *args],
+                             capture_output=True, text=True, cwd=ROOT, timeout=300,
+                             env={**os.environ, "PATH": str(tmp_path), "HOME": str(tmp_path)})
+        assert out.returncode == 2, out.stderr
+        return out.stderr
+    assert "--runtime" in refused("--accelerator=v9x-8", "--dry-run")
+    assert "--repo" in refused("--accelerator=v5p-64")
+    assert not (tmp_path / ".sao").exists()                    # no token made either
