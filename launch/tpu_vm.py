@@ -230,14 +230,14 @@ def main(argv=None) -> int:
             args.runtime = default_runtime(args.accelerator)
         except ValueError as e:
             parser.error(str(e))
+    check_config(args)
+    chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
+    learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
     if not args.repo and not args.no_install:
         if not args.dry_run:
             parser.error("--repo: the git URL every machine clones SAO from (or --no_install when "
                          "--repo_dir already holds SAO on every machine)")
         args.repo = "<--repo URL>"
-    check_config(args)
-    chips = num_hosts(args.accelerator) * CHIPS_PER_HOST
-    learner_mesh(args.config, args.set, chips, f"{args.accelerator} ({chips} chips)")
     if not args.dry_run:
         print_locations(args.workdir)
     return dry_run_or_run(build(args), args.dry_run, stop_background=True)

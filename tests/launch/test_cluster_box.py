@@ -136,6 +136,8 @@ def launch(script: str, env: dict, *args: str) -> subprocess.CompletedProcess:
      "--fleet is empty"),
     ("tpu_vm.py", ("--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=gs://b/r", "--fleet=f0",
                    "--accelerator=v5p-8", "--set", "model.mesh.expert=8"), "found 4"),
+    ("tpu_vm.py", ("--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir=gs://b/r", "--fleet=f0"),
+     "--repo: the git URL"),   # a real launch would clone nothing on every machine
     ("gpu_slurm.py", ("--config=experiments/sao_math.py:qwen3_30b_a3b", "--workdir={w}",
                       "--learner_nodes=1", "--gpus_per_node=6"), "found 6"),
     ("gpu_slurm.py", ("--config=experiments/sao_math.py:qwen3_8b", "--workdir={w}", "--tp=3",
