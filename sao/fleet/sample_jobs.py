@@ -49,7 +49,7 @@ class SampleJob:
         self.max_attempts = int(max_attempts)
         self.book = LeaseBook(records, temperature=self.temperature)
         self._index = {key: i for i, key in enumerate(keys)}
-        self.results: list[Trajectory | None] = [None] * len(prompts)
+        self.results: list[Trajectory | None] = [None] * len(records)
         self.reasons: dict[int, str] = {}  # position -> why it has no trajectory
         self.settled = 0  # prompts with their outcome
 
