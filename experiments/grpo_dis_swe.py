@@ -8,7 +8,7 @@ Commands (from the repository root)::
 Everything as ``experiments/sao_swe.py`` (harness, tasks, coding DIS band,
 turns, context) except the advantages: G rollouts per prompt, group-normalised
 outcome advantages, no critic. Variants as ``sao_swe``: ``cpu``,
-``smollm2_cpu``, ``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b``.
+``cpu_long``, ``smollm2_cpu``, ``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b``.
 """
 from experiments import common, sao_swe
 
@@ -27,7 +27,7 @@ def get_config(arg=None):
     c = sao_swe.swe(c, variant)
     c.critic.critic_warmup_steps = 0
     c.critic.value_pretrain_steps = 0
-    c.rollout.group_size = 4 if variant in ("cpu", "smollm2_cpu") else 8
+    c.rollout.group_size = 4 if variant in ("cpu", "cpu_long", "smollm2_cpu") else 8
     if variant == "smollm2_cpu":
         c.learner.batch_size = 4             # one group of 4 per step
     return common.finalize(c)

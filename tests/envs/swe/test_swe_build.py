@@ -42,6 +42,23 @@ def test_split_is_deterministic_and_disjoint():
         build.split_entries(entries, heldout_fraction=1.5)
 
 
+def test_run_config_passes_the_tiers_build_settings(monkeypatch):
+    # experiments/sao_swe.py:cpu_long builds 12 bugs per micro package through
+    # env.task_config.micro; the learner and every worker build the same tasks.
+    import types
+
+    from experiments import sao_swe
+    from sao import components
+    from sao.envs.swe import task
+
+    calls = []
+    monkeypatch.setattr(task, "make_swe_task", lambda spec, **kw: calls.append((spec, kw))
+                        or types.SimpleNamespace(name=spec))
+    assert list(components.make_tasks(sao_swe.get_config("cpu_long"))) == ["swe/micro"]
+    assert list(components.make_tasks(sao_swe.get_config("cpu"))) == ["swe/micro"]
+    assert calls == [("swe/micro", {"per_repo": 12}), ("swe/micro", {})]
+
+
 def test_missing_sdist_offline_is_a_clear_error(tmp_path):
     src = sources.SOURCES["inflection"]
     with pytest.raises(sources.SourceUnavailableError, match="pip download --no-deps"):
