@@ -128,6 +128,7 @@ def swe(c, variant: str):
     if variant in ("cpu", "cpu_long", "smollm2_cpu"):
         c = {"cpu": cpu, "cpu_long": cpu_long, "smollm2_cpu": smollm2_cpu}[variant](c)
         c.env.tasks = ("swe/micro",)         # after common.cpu, which sets arithmetic
+        c.env.prompt_style = "env"           # ... and the question alone: the issue needs its tool instructions
         return c
     c = common.full_scale(c, variant)
     c.env.tasks = ("swe/source",)

@@ -30,6 +30,7 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
     an SGLang engine (its log-probs are those of the
     untruncated distribution) samples without top-p / top-k when the policy loss takes
     an importance ratio against the engine's log-probs (``ROLLOUT_RATIO_LOSSES``);
+    swe/ tasks keep their tool instructions (``env.prompt_style="env"``);
     ``model.preset`` is known when no ``model.init`` is
     given; with ``local_paths`` a local ``model.init`` exists on this machine (the
     launchers check configs for other machines and pass False).
@@ -59,6 +60,11 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
         out.append(f"env.harness={cfg.env.harness!r} drives episodes through the workers' endpoints: "
                    f"held-out evaluation must run there too (eval.where='fleet', got "
                    f"{cfg.eval.where!r})")
+    swe = [t for t in cfg.env.tasks if t.startswith("swe/")]
+    if swe and cfg.env.get("prompt_style", "env") == "question":
+        out.append(f"env.prompt_style='question' shows {swe[0]} episodes the issue without the "
+                   "tool instructions, but the scripted demonstrations and the harnesses show them: "
+                   "set env.prompt_style='env'")
     init = cfg.model.init
     if local_paths and init and not storage.is_remote(init) and not os.path.exists(init):
         out.append(f"model.init {init}: no such file or directory")

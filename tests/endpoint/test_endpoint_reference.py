@@ -96,3 +96,28 @@ def test_turn_budget_ends_both_the_same_way(tok):
     np.testing.assert_array_equal(native.tokens, served.tokens)
     np.testing.assert_array_equal(native.action_mask, served.action_mask)
     assert served.metadata["endpoint_end"] == "max_turns"
+
+
+@pytest.mark.parametrize("prompt_style", ["question", "env"])
+def test_reference_harness_first_prompt_follows_the_prompt_style(prompt_style):
+    # The quick start's tiny model sees the question alone; the reference harness
+    # on a worker must render the same first ids as the native loop's env.
+    import os
+
+    from sao import components
+    from sao.analysis import experiment_config
+    from sao.fleet.endpoint.dialect import dialect_for
+    from sao.fleet.endpoint.messages import Message
+    from sao.fleet.endpoint.wiring import reference_harness
+    from sao.models.tokenizer import ByteTokenizer
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = experiment_config(os.path.join(root, "experiments", "quickstart.py"),
+                            [f"--config.env.prompt_style={prompt_style}"])
+    tasks = components.make_tasks(cfg)
+    record = next(iter(tasks.values())).records()[0]
+    make_env = components.make_env_factory(cfg, tasks)
+    [first] = reference_harness(cfg, tasks, make_env).messages_for(record)
+    served = dialect_for(ByteTokenizer()).prompt_text([Message(**first)], [])
+    assert make_env().reset(record) == served
+    assert (served == record["text"] + "\n") == (prompt_style == "question")

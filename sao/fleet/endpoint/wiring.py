@@ -32,23 +32,31 @@ def _is_swe(tasks: Mapping[str, Any]) -> bool:
 
 def reference_harness(cfg, tasks: Mapping[str, Any], make_env: Callable[[], Any]):
     """``ReferenceHarness`` over ``make_env`` with the tools and the first user
-    message the env's own prompt holds (so the endpoint renders the same ids)."""
+    message the env's own prompt holds (so the endpoint renders the same ids):
+    with ``env.prompt_style="question"`` the question alone, as
+    ``components.make_env_factory`` gives the native loop (refused for swe/
+    tasks by ``sao.config_checks``: their demonstrations show the tool
+    instructions)."""
     from sao.envs import tools as py_tools
     from sao.fleet.endpoint.reference import ReferenceHarness
     fmt = cfg.env.tool_format
+    question_only = cfg.env.get("prompt_style", "env") == "question"
     if _is_swe(tasks):
         from sao.envs.swe import actions
-        schemas, how = actions.TOOL_SCHEMAS, actions.tool_instructions(fmt)
+        schemas = actions.TOOL_SCHEMAS
 
-        def messages_for(prompt):
-            return [{"role": "user", "content": prompt["text"] + "\n" + how}]
+        def parts(prompt):
+            return [prompt["text"], actions.tool_instructions(fmt)]
     else:
         schemas = [py_tools.PYTHON_TOOL_SCHEMA]
 
-        def messages_for(prompt):
-            parts = [prompt["text"], tasks[prompt["task"]].instructions(),
-                     py_tools.tool_instructions(fmt)]
-            return [{"role": "user", "content": "\n".join(p for p in parts if p)}]
+        def parts(prompt):
+            return [prompt["text"], tasks[prompt["task"]].instructions(),
+                    py_tools.tool_instructions(fmt)]
+
+    def messages_for(prompt):
+        content = prompt["text"] if question_only else "\n".join(p for p in parts(prompt) if p)
+        return [{"role": "user", "content": content}]
     return ReferenceHarness(make_env, messages_for, schemas, fmt=fmt,
                             max_calls=cfg.rollout.max_turns + 1)
 

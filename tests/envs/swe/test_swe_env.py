@@ -117,3 +117,29 @@ def test_factory_builds_swe_env(micro_entries):
         make_task("swe/micro", split="nope")
     with pytest.raises(ValueError, match="unknown task spec"):
         make_task("swe/nothing")
+
+
+def test_native_loop_harness_and_demonstrations_see_the_same_prompt(micro_entries):
+    # sao_swe.py:cpu inherits the tiny models' question-only prompts from common.cpu;
+    # an SWE issue needs its tool instructions, and the native loop (learner-side
+    # evaluation, notebooks), the reference harness on the workers and the scripted
+    # demonstrations must all show the same first prompt (ids included).
+    from experiments import sao_swe
+    from sao import components, config_checks
+    from sao.fleet.endpoint.dialect import dialect_for
+    from sao.fleet.endpoint.messages import Message
+    from sao.fleet.endpoint.wiring import reference_harness
+    from sao.models.tokenizer import ByteTokenizer
+
+    cfg = sao_swe.get_config("cpu")
+    tasks = {"swe/micro": SweTask("swe/micro", micro_entries)}
+    record = tasks["swe/micro"].records()[0]
+    make_env = components.make_env_factory(cfg, tasks)
+    native = make_env().reset(record)
+    [first] = reference_harness(cfg, tasks, make_env).messages_for(record)
+    served = dialect_for(ByteTokenizer()).prompt_text([Message(**first)], [])
+    assert native == served == demonstration(micro_entries[0], fmt="tags").prompt
+    assert "<python>command</python>" in native and config_checks.problems(cfg) == []
+    with cfg.unlocked():
+        cfg.env.prompt_style = "question"
+    assert any("prompt_style='question'" in p for p in config_checks.problems(cfg))
