@@ -51,6 +51,9 @@ def cpu(c):
     c.rollout.max_new_tokens = 64            # one command or <answer>done</answer>
     c.rollout.max_turns = 4                  # look, fix, submit, one spare
     c.rollout.max_concurrency = c.rollout.engine_slots = 8
+    # common.cpu's 3e-4 undid the warm start of cpu_long in ~15 steps (tool use 99% -> 0%,
+    # docs/envs.md); 5e-5 kept it.
+    c.learner.actor_lr = 5e-5
     c.critic.value_pretrain_steps = 10
     c.train.value_pretrain_trajectories = 16
     c.env.tool_format = "tags"
