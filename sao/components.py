@@ -94,7 +94,8 @@ def make_tasks(cfg) -> dict:
     """``{task name: Task}`` from ``env.tasks`` (reasoning-gym specs ``rg/<dataset>`` and
     ``drift/<dataset>`` get ``env.task_config.<dataset>`` and ``env.grader``; ``humaneval``
     grades its tests under ``env.tool_timeout_s`` / ``env.tool_memory_mb``; ``swe/<tier>`` gets
-    ``env.task_config.<tier>`` as ``make_swe_task`` keywords, e.g. ``per_repo``)."""
+    ``env.task_config.<tier>`` as ``make_swe_task`` keywords: ``seed``, ``per_repo``, and for
+    ``swe/bench`` ``path``, ``checkouts``; not ``split``, which ``data.heldout_fraction`` does)."""
     tasks = {}
     for i, spec in enumerate(cfg.env.tasks):
         if spec.startswith(("rg/", "drift/")):

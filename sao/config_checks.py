@@ -30,7 +30,8 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
     an SGLang engine (its log-probs are those of the
     untruncated distribution) samples without top-p / top-k when the policy loss takes
     an importance ratio against the engine's log-probs (``ROLLOUT_RATIO_LOSSES``);
-    swe/ tasks keep their tool instructions (``env.prompt_style="env"``);
+    swe/ tasks keep their tool instructions (``env.prompt_style="env"``), and a harness
+    with the question-only prompt uses the ``"tags"`` format;
     ``model.preset`` is known when no ``model.init`` is
     given; with ``local_paths`` a local ``model.init`` exists on this machine (the
     launchers check configs for other machines and pass False).
@@ -61,10 +62,16 @@ def problems(cfg, *, local_paths: bool = True) -> list[str]:
                    f"held-out evaluation must run there too (eval.where='fleet', got "
                    f"{cfg.eval.where!r})")
     swe = [t for t in cfg.env.tasks if t.startswith("swe/")]
-    if swe and cfg.env.get("prompt_style", "env") == "question":
+    question = cfg.env.get("prompt_style", "env") == "question"
+    if swe and question:
         out.append(f"env.prompt_style='question' shows {swe[0]} episodes the issue without the "
                    "tool instructions, but the scripted demonstrations and the harnesses show them: "
                    "set env.prompt_style='env'")
+    elif question and cfg.env.get("harness") and cfg.env.tool_format != "tags":
+        out.append(f"env.prompt_style='question' with env.harness={cfg.env.harness!r} and "
+                   f"env.tool_format={cfg.env.tool_format!r}: the endpoint lists the tools in a "
+                   "system turn the native loop's prompt does not have; use 'tags' or "
+                   "env.prompt_style='env'")
     init = cfg.model.init
     if local_paths and init and not storage.is_remote(init) and not os.path.exists(init):
         out.append(f"model.init {init}: no such file or directory")

@@ -37,6 +37,9 @@ def test_the_shipped_quickstart_has_no_problem():
     (dict(rollout__engine="sglang", rollout__top_p=0.9), "rollout.engine='sglang' reports"),
     (dict(rollout__engine="sglang", rollout__top_k=20, learner__policy_loss="ppo_clip"),
      "learner.policy_loss='ppo_clip' takes its importance ratio"),
+    # The endpoint's Hermes dialect adds a tools system turn the question-only prompt lacks.
+    (dict(env__harness="reference", eval__where="fleet", env__tool_format="hermes"),
+     "env.prompt_style='question' with env.harness='reference'"),
 ])
 def test_each_inconsistency_is_named(overrides, reason):
     cfg = quickstart(**overrides)

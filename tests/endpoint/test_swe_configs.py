@@ -10,7 +10,8 @@ sys.path.insert(0, ROOT)
 from experiments import grpo_dis_swe, sao_swe  # noqa: E402
 from sao import components, config_checks, train  # noqa: E402
 
-HARNESS = {"cpu": "reference", "smollm2_cpu": "mini-swe-agent", "qwen3_30b_a3b": "mini-swe-agent"}
+HARNESS = {"cpu": "reference", "cpu_long": "reference", "smollm2_cpu": "mini-swe-agent",
+           "qwen3_30b_a3b": "mini-swe-agent"}
 
 
 @pytest.mark.parametrize("module", [sao_swe, grpo_dis_swe])
@@ -20,7 +21,7 @@ def test_swe_variants(module, variant):
     assert c.env.harness == HARNESS[variant] and c.eval.where == "fleet"
     assert tuple(c.env.tasks) == (("swe/source",) if variant.startswith("qwen3") else ("swe/micro",))
     assert (c.learner.eps_low, c.learner.eps_high) == (0.8, 3.0)      # ratio in (0.2, 4.0)
-    if variant == "cpu":
+    if variant in ("cpu", "cpu_long"):
         assert c.sft.task == "swe/micro" and c.sft.steps > 0 and c.env.tool_format == "tags"
     else:
         assert c.env.tool_format == "hermes"
@@ -38,7 +39,7 @@ def test_a_harness_must_evaluate_on_the_fleet():
 
 
 @pytest.mark.parametrize("module", [sao_swe, grpo_dis_swe])
-@pytest.mark.parametrize("variant", ["cpu", "smollm2_cpu"])
+@pytest.mark.parametrize("variant", ["cpu", "cpu_long", "smollm2_cpu"])
 def test_cpu_variants_hold_out_enough_tasks_to_evaluate(module, variant):
     # The seeded split holds out 4 of the 24 micro tasks; the cpu variant asked for 6
     # and its default command stopped before the first step.

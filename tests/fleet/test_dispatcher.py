@@ -191,7 +191,7 @@ def test_budget_keeps_prompt_episodes_within_tau(tau):
     # stale one step later is the filter doing its job, not the budget failing
     # (CI saw 46 of 48 at tau = 1 with two workers).
     cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=tau)
-    with sim_worker(seconds_per_token=0.0) as w, \
+    with sim_worker(seconds_per_token=0.0, max_concurrency=16) as w, \
             Dispatcher([w.address], prompts(48, length=4), cfg) as d:
         trained = drain(d)
         m = d.snapshot()

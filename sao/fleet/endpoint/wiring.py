@@ -34,9 +34,10 @@ def reference_harness(cfg, tasks: Mapping[str, Any], make_env: Callable[[], Any]
     """``ReferenceHarness`` over ``make_env`` with the tools and the first user
     message the env's own prompt holds (so the endpoint renders the same ids):
     with ``env.prompt_style="question"`` the question alone, as
-    ``components.make_env_factory`` gives the native loop (refused for swe/
-    tasks by ``sao.config_checks``: their demonstrations show the tool
-    instructions)."""
+    ``components.make_env_factory`` gives the native loop in the byte
+    ``"tags"`` format (``sao.config_checks`` refuses "question" for swe/
+    tasks, whose demonstrations show the tool instructions, and for the
+    ``"hermes"`` format, whose dialect lists the tools in a system turn)."""
     from sao.envs import tools as py_tools
     from sao.fleet.endpoint.reference import ReferenceHarness
     fmt = cfg.env.tool_format
