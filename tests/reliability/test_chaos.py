@@ -63,6 +63,12 @@ def test_random_worker_kills_lose_nothing_and_train_nothing_twice(tmp_path):
                 if version in kill_after and live:
                     kills.append(rng.choice(live))
                     sup.proc(kills[-1]).kill()                     # SIGKILL
+            # A worker killed near the end may still be restarting when the last
+            # batch is served: wait for every killed worker to rejoin, not on chance.
+            deadline = time.monotonic() + 120
+            while (sum(w["connects"] for w in d.snapshot()["workers"].values())
+                   < WORKERS + len(set(kills)) and time.monotonic() < deadline):
+                time.sleep(0.1)
             m = d.snapshot()
     finally:
         sup.stop(timeout_s=5)
