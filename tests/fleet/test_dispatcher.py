@@ -197,3 +197,16 @@ def test_budget_keeps_prompt_episodes_within_tau(tau):
         m = d.snapshot()
     assert len(trained) == 48 and m["drops"] == {}
     assert max(m["staleness"]) <= tau
+
+
+def test_a_buffer_dropped_whole_as_stale_frees_its_budget():
+    """A version jump that makes the whole buffer stale, with nothing in flight: the
+    dropped rows' budget goes back to the fleet (get_batch waited for its timeout before)."""
+    cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=1)
+    with sim_worker() as w, Dispatcher([w.address], prompts(16, length=4), cfg) as d:
+        wait_until(lambda: d.snapshot()["queue_depth"] == cfg.budget)   # nothing in flight
+        d.push_weights(3, "v3")                # every buffered row is now 3 versions old
+        batch = d.get_batch(timeout=10)
+        m = d.snapshot()
+    assert len(batch) == 4 and m["drops"] == {"stale": cfg.budget}
+    assert all(set(t.policy_version.tolist()) == {3} for t in batch)

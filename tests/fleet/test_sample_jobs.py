@@ -40,8 +40,9 @@ def test_sample_job_leases_carry_temperature_and_are_never_trained():
                 for i in range(10)]
     cfg = DispatcherConfig(batch_size=4, vocab_size=VOCAB, tau=1, reconnect_s=0.05)
     with temperature_worker() as a, temperature_worker() as b:
-        with Dispatcher([a.address, b.address], train, cfg) as d:
-            d.push_weights(3, "v3")
+        d = Dispatcher([a.address, b.address], train, cfg)
+        d.push_weights(3, "v3")   # before start: each worker syncs to v3 before its first lease
+        with d:
             first = d.get_batch(timeout=30)
             sampled = d.sample(held_out, temperature=0.25, timeout=30)
             trained = first
@@ -53,6 +54,7 @@ def test_sample_job_leases_carry_temperature_and_are_never_trained():
     assert [t.reward for t in sampled] == [p["reward"] for p in held_out]
     assert all(set(t.policy_version) == {3} for t in sampled)
     assert all(t.metadata["temperature"] is None for t in trained)
+    assert all(set(t.policy_version) == {3} for t in trained)
     assert sorted(t.prompt_id for t in trained) == sorted(p["prompt_id"] for p in train)
     assert snap["sampled"] == 10 and snap["trained"] == 40
     assert snap["sample_dropped"] == snap["sample_failed"] == 0 and snap["dropped"] == 0
