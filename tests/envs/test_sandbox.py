@@ -5,6 +5,7 @@ The process limit is proven on a harmless program first (module fixture
 """
 import asyncio
 import os
+import signal
 import socket
 import threading
 import time
@@ -239,18 +240,48 @@ def test_huge_output_is_capped():
     assert_no_leftovers()
 
 
+def _waiting(pid: int) -> bool:
+    """The program noted its start (it ignores SIGUSR2 from then on) and waits for SIGWINCH."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
 def test_concurrent_async_runs_overlap_with_distinct_uids():
-    code = "import os, time\nt0 = time.time()\ntime.sleep(1.0)\nprint(os.getuid(), t0, time.time())"
+    # The overlap is built, not hoped for (a 1 s sleep did not overlap four starts spread
+    # by a loaded machine): each program notes its start, marks itself ready by ignoring
+    # SIGUSR2, and waits for SIGWINCH, sent once all four are ready. SIGWINCH is blocked
+    # first (its default action is to ignore), so an early one is kept, never fatal.
+    code = ("import os, signal, time\n"
+            "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})\n"
+            "t0 = time.time()\n"
+            "signal.signal(signal.SIGUSR2, signal.SIG_IGN)\n"
+            "got = signal.sigtimedwait({signal.SIGWINCH}, 120)\n"
+            "print(os.getuid(), t0, time.time(), got is not None)")
 
     seen_running = []
 
     async def watch(runs):
+        deadline = time.monotonic() + 120
         while not runs.done():                  # positive control for sandbox_pids()
-            seen_running.append(len(sandbox_pids()))
+            pids = sandbox_pids()
+            seen_running.append(len(pids))
+            waiting = [p for p in pids if _waiting(p)]
+            if len(waiting) >= 4 or time.monotonic() > deadline:
+                for p in waiting:
+                    try:
+                        os.kill(p, signal.SIGWINCH)
+                    except ProcessLookupError:
+                        pass
             await asyncio.sleep(0.05)
 
     async def many():
-        runs = asyncio.gather(*(run_python_async(code) for _ in range(4)))
+        runs = asyncio.gather(*(run_python_async(code, timeout_s=150) for _ in range(4)))
         await watch(runs)
         return await runs
 
@@ -262,4 +293,5 @@ def test_concurrent_async_runs_overlap_with_distinct_uids():
     starts, ends = [float(r[1]) for r in rows], [float(r[2]) for r in rows]
     assert len(uids) == 4
     assert max(starts) < min(ends)          # all four were running at once
+    assert all(r[3] == "True" for r in rows), rows   # released, not timed out
     assert_no_leftovers()
