@@ -3,11 +3,15 @@
 The pieces as ``sao.train.reinforce`` wires them: a ``PromptStream`` with
 ``group_size`` copies per record and the records to re-sample, the
 ``Dispatcher`` over simulated workers on real gRPC (one fast, one 20x slower:
-members of one group straggle), the ``GroupBatcher`` with the dispatcher's
+members of one group straggle; the first attempt-0 member either worker
+receives is held until version TAU + 2 is published, so at least one group
+goes stale and is re-sampled whatever the speeds), the ``GroupBatcher`` with the dispatcher's
 version, ``tau`` and the stream's ``resample``, and ``sao.rl_loop.train``.
 Only the learner is a fake (every update is one new policy version).
 """
+import asyncio
 import json
+import threading
 import types
 
 import numpy as np
@@ -38,14 +42,29 @@ def records(n=30):
              "length": int(lengths[i])} for i in range(n)]
 
 
+HELD = {"key": None, "lock": threading.Lock(), "release": threading.Event()}
+
+
 def worker(seconds_per_token):
     def make():
         engine = sim.SimulatedEngine(seconds_per_token=seconds_per_token, chunk_tokens=2)
-        return engine, sim.make_sim_episode_fn(engine)
+        inner = sim.make_sim_episode_fn(engine)
+
+        async def episode(prompt):   # one member held: its group goes stale, not by chance
+            key = (prompt["prompt_id"], prompt["epoch"], prompt["group"])
+            with HELD["lock"]:
+                if HELD["key"] is None and prompt["group"] == 0:
+                    HELD["key"] = key
+            while key == HELD["key"] and not HELD["release"].is_set():
+                await asyncio.sleep(0.01)
+            return await inner(prompt)
+        return engine, episode
     return ThreadedWorker(make, WorkerConfig(max_concurrency=6))
 
 
 def run_loop(addresses, tau):
+    HELD["key"] = None
+    HELD["release"].clear()
     recs = records()
     stream = PromptStream(prompt_iterator(recs, seed=0), group_size=G, records=recs)
     d = Dispatcher(addresses, stream, DispatcherConfig(batch_size=B, vocab_size=VOCAB, tau=tau))
@@ -61,7 +80,12 @@ def run_loop(addresses, tau):
         served.extend((t.prompt_id, t.epoch, t.group) for t in trajs)
         return {}
 
-    hooks = rl_loop.LoopHooks(publish=lambda s, v: f"mem://{v}", write=write, next_batch=groups,
+    def publish(step, version):
+        if version >= TAU + 2:
+            HELD["release"].set()
+        return f"mem://{version}"
+
+    hooks = rl_loop.LoopHooks(publish=publish, write=write, next_batch=groups,
                               batch_metrics=record)
     with d:
         d.push_weights(0, "mem://0")
@@ -79,6 +103,7 @@ def fleet():
     try:
         yield [w.address for w in ws]
     finally:
+        HELD["release"].set()
         for w in ws:
             w.stop()
 
