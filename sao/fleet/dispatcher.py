@@ -151,8 +151,7 @@ class Dispatcher(Health, ParityHooks):
             self._awaiting_push = False
             self._schedule()
             while True:
-                if self._drop_stale_buffered():
-                    self._schedule()   # the dropped rows' budget goes back to the fleet
+                self._drop_stale_buffered()
                 if len(self._buffer) >= B or self._book.exhausted:
                     break
                 self._raise_if_unserved()
@@ -407,12 +406,9 @@ class Dispatcher(Health, ParityHooks):
         self.metrics.accepted += 1
         self._buffer.append(traj)
 
-    def _drop_stale_buffered(self) -> int:
-        # Arrivals are checked against the version current then; re-check the
-        # buffer only when the version has moved since the last pass. Returns
-        # how many rows were dropped.
+    def _drop_stale_buffered(self) -> None:
         if not self._buffer or self._buffer_checked_at == self._version:
-            return 0
+            return  # arrivals were checked at their version: re-check only when it moved
         self._buffer_checked_at = self._version
         keep = collections.deque()
         for t in self._buffer:
@@ -421,9 +417,9 @@ class Dispatcher(Health, ParityHooks):
                 self.metrics.stale_buffered += 1
             else:
                 keep.append(t)
-        dropped = len(self._buffer) - len(keep)
-        self._buffer = keep
-        return dropped
+        dropped, self._buffer = len(self._buffer) - len(keep), keep
+        if dropped:  # their budget goes back to the fleet (nothing else may wake it)
+            self._schedule()
 
     def _free(self, link: WorkerLink) -> int:
         return (self._live[link] - self._book.held_by(link)

@@ -34,6 +34,9 @@ def test_async_run_gives_each_prompt_one_outcome_within_tau():
     cfg = DispatcherConfig(batch_size=8, vocab_size=VOCAB, tau=2)
     lags = []
     with sim_workers(2, max_concurrency=8) as ws, Dispatcher([w.address for w in ws], ps, cfg) as d:
+        # Both live before the first batch (the budget, < 48, then leaves work for each):
+        # a late second link would otherwise find every prompt served by the first.
+        wait_until(lambda: sum(w["live"] for w in d.snapshot()["workers"].values()) == 2, 120)
         trained = drain(d, on_batch=lambda b: lags.extend(
             d.learner_version - t.oldest_version() for t in b))
         m = d.snapshot()

@@ -4,6 +4,7 @@ two"), one test each. Every test failed at commit 04f7491."""
 import base64
 import collections
 import re
+import time
 
 import grpc
 import numpy as np
@@ -173,6 +174,12 @@ def test_s6_leases_time_out_by_default_and_a_hung_worker_is_quarantined_at_tau_0
     ps = [{"prompt_id": f"p{i}", "length": 6} for i in range(24)]
     trained = []
     with good, hung, Dispatcher([good.address, hung.address], ps, cfg) as d:
+        # Both live before the first batch: a hung worker that joined after the last step
+        # would never be leased to, and nothing would time out.
+        deadline = time.monotonic() + 120
+        while sum(w["live"] for w in d.snapshot()["workers"].values()) < 2:
+            assert time.monotonic() < deadline, d.snapshot()["workers"]
+            time.sleep(0.02)
         for step in range(1, 5):  # synchronous RL: a barrier per step
             batch = d.get_batch(timeout=60)
             assert len(batch) == 4
