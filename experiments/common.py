@@ -180,6 +180,9 @@ def base() -> ml_collections.ConfigDict:
     s.task = "basic_arithmetic"           # reasoning-gym task of the demonstrations
     s.seed = 1                            # demonstration seed (disjoint from RL prompt seeds)
     s.max_len = 128                       # padded demonstration length (tokens)
+    s.issue_variants = 0                  # swe/ tasks: extra copies of each scripted fix, the issue's
+                                          # hint sentence swapped for another training task's
+                                          # (sao.data.swe_demos)
 
     # --- eval ----------------------------------------------------------------
     c.eval = v = ml_collections.ConfigDict()

@@ -262,8 +262,8 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
         if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
             from sao.data.swe_demos import swe_sft_demos
             train, _ = split_prompts(cfg, components.make_tasks(cfg))
-            demos = swe_sft_demos(train, task=s.task, fmt=cfg.env.tool_format,
-                                  limit=s.num_demos, log=log)
+            demos = swe_sft_demos(train, task=s.task, fmt=cfg.env.tool_format, limit=s.num_demos,
+                                  log=log, issue_variants_per_task=s.get("issue_variants", 0), seed=s.seed)
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,

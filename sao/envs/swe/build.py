@@ -80,6 +80,36 @@ def problem_statement(repo: str, fail_to_pass: list[str], explanation: str) -> s
             "Fix the code, not the tests.")
 
 
+def _issue_parts(entry: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(head, hint, tail) of an issue text written by :func:`problem_statement`, else None."""
+    text = entry.get("problem_statement")
+    f2p, repo = entry.get("FAIL_TO_PASS"), entry.get("repo")
+    if not isinstance(text, str) or not isinstance(f2p, list) or not isinstance(repo, str):
+        return None
+    head, tail = problem_statement(repo, [str(t) for t in f2p], "\0").split("\0")
+    if not (text.startswith(head) and text.endswith(tail)) or len(text) < len(head) + len(tail):
+        return None
+    return head, text[len(head):len(text) - len(tail)], tail
+
+
+def hint_of(entry: Mapping[str, Any]) -> str | None:
+    """The modifier's hint sentence inside ``entry``'s issue text (the
+    ``explanation`` of :func:`problem_statement`), or None when the text was
+    not written by it (e.g. a SWE-bench issue)."""
+    parts = _issue_parts(entry)
+    return None if parts is None else parts[1]
+
+
+def with_hint(entry: Mapping[str, Any], hint: str) -> str | None:
+    """``entry``'s issue text with its hint sentence replaced by ``hint`` ("" drops
+    it), or None when :func:`hint_of` finds none."""
+    parts = _issue_parts(entry)
+    if parts is None:
+        return None
+    head, _, tail = parts
+    return head + hint + tail if hint else head.rstrip(" ") + tail
+
+
 def build_repo_tasks(base: BaseRepo, *, seed: int, n: int, max_candidates: int | None = None,
                      progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Up to ``n`` validated task entries of one base repository (see module
