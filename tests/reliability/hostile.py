@@ -35,11 +35,24 @@ def scripted_episode_fn(engine):
     return episode
 
 
+async def _until(condition, timeout_s: float = 60.0) -> None:
+    """Waits (polling) until ``condition()`` holds, at most ``timeout_s``: a bound, not a
+    race, since each side below waits only for what the other does next."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition() and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+
+
 class RecordingServicer(RolloutServicer):
-    """An honest worker whose lease ids leak (``STOLEN``)."""
+    """An honest worker whose lease ids leak (``STOLEN``). Its episodes answer only once
+    the thief has forged at least one answer, so the forgery does not depend on which
+    worker runs faster (under load the thief used to finish its own leases before any id
+    leaked, and forged nothing)."""
 
     async def _episode(self, lease):
         STOLEN.append(lease.lease_id)
+        await _until(lambda: StealingServicer.forged)
         return await super()._episode(lease)
 
 
@@ -48,6 +61,10 @@ class StealingServicer(RolloutServicer):
     lease id in ``STOLEN`` (reward ``FORGED_REWARD``)."""
 
     forged: set[str] = set()
+
+    async def _episode(self, lease):
+        await _until(lambda: STOLEN)  # its first response comes after an id leaked
+        return await super()._episode(lease)
 
     async def Generate(self, request_iterator, context):
         async for response in super().Generate(request_iterator, context):

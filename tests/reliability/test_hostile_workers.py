@@ -140,6 +140,7 @@ def test_s2_workers_load_only_published_versions_and_one_ahead_is_retired(token_
 
 def test_s4_only_the_lease_holder_may_answer_and_ids_are_unguessable():
     hostile.STOLEN.clear()
+    hostile.StealingServicer.forged.clear()
     honest = scripted_worker(seconds_per_token=0.05, servicer_cls=hostile.RecordingServicer,
                              max_concurrency=4)
     thief = scripted_worker(servicer_cls=hostile.StealingServicer, max_concurrency=4)
