@@ -1,10 +1,12 @@
-"""Test session setup: CPU only, 8 fake devices for mesh tests."""
+"""Test session setup: CPU only, 8 fake devices for mesh tests, XLA compiling fast (tests/xla_flags.py)."""
 import os
 
+from xla_flags import FAST_COMPILE  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-_flag = "--xla_force_host_platform_device_count=8"
-if _flag not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+for _flag in ("--xla_force_host_platform_device_count=8", FAST_COMPILE):
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 
 
 # `make test` runs on pytest-xdist workers (tests/README.md). A module's tests

@@ -15,10 +15,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_main_support import ROOT, TINY  # noqa: E402
 
 from sao import run_metrics  # noqa: E402
+from xla_flags import cpu_devices  # noqa: E402
 
 
 def _run(workdir: str, steps: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_devices(1)}
     argv = [sys.executable, "-m", "sao.main", "--config=experiments/running_mean.py:cpu",
             f"--workdir={workdir}", *TINY, "--config.eval.every=0", "--config.rollout.num_workers=1",
             "--config.rollout.max_new_tokens=16", f"--config.run.steps={steps}"]

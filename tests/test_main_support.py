@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from xla_flags import cpu_devices  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +24,7 @@ TINY = ["--config.sft.steps=2", "--config.sft.batch_size=8", "--config.sft.num_d
 
 def run_main(workdir: str, steps: int, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+           "XLA_FLAGS": cpu_devices(1)}
     argv = [sys.executable, "-m", "sao.main", "--config=experiments/quickstart.py",
             f"--workdir={workdir}", *TINY, f"--config.run.steps={steps}", *extra]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from sao import run_metrics
+from xla_flags import cpu_devices  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +32,7 @@ TINY = ["--config.sft.steps=40", "--config.sft.warmup_steps=5", "--config.sft.lr
 @pytest.mark.slow
 def test_online_drift_cpu_switches_style(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+           "XLA_FLAGS": cpu_devices(1)}
     argv = [sys.executable, "-m", "sao.main", "--config=experiments/online_drift.py:cpu",
             f"--workdir={tmp_path}", *TINY]
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -25,6 +25,7 @@ from sao.fleet.replay import read_batches  # noqa: E402
 from sao.models import from_pretrained, token_logprobs  # noqa: E402
 from sao.models.tokenizer_loading import load_tokenizer  # noqa: E402
 from sao.rollout.sglang_server import READY_LINE, START_MARK  # noqa: E402
+from xla_flags import cpu_devices  # noqa: E402
 
 STEPS = 2
 
@@ -45,7 +46,7 @@ def launch(model: str, workdir: pathlib.Path, *server_flags: str, servers: int =
             "--set", "learner.entropy_coef=0.001"]
     box_dir = workdir.parent / "box"   # every process the launch starts carries its tag
     env = tagged_env({**os.environ, "JAX_PLATFORMS": "cpu",
-                      "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, box_dir)
+                      "XLA_FLAGS": cpu_devices(1)}, box_dir)
     t0 = time.monotonic()
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     wall = time.monotonic() - t0

@@ -13,6 +13,7 @@ from experiments.repro import (ARM_NAMES, ROUND_ONE_ARM_NAMES, base, mech, repor
                                results, sweep)
 from experiments.repro import records as rec  # noqa: E402
 from sao import provenance  # noqa: E402
+from xla_flags import cpu_devices  # noqa: E402
 
 
 def _cfg(arm, seed=0, overrides=()):
@@ -194,7 +195,7 @@ SMOKE_M = SMOKE + ["env.tool_latency_median_s=0.01", "env.tool_latency_max_s=0.1
 @pytest.mark.slow
 def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     # The runs are child processes on one CPU device, as outside the tests.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+    monkeypatch.setenv("XLA_FLAGS", cpu_devices(1))
     runs = str(tmp_path / "runs")
     arms = ["m_sao", "m_grpo"]   # the sweep's arms (experiments.repro.ARMS)
     records = str(tmp_path / "records")               # the committed folder's stand-in

@@ -7,9 +7,12 @@ import sys
 
 N = int(sys.argv[1])
 os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={N}"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from xla_flags import cpu_devices  # noqa: E402
+
+os.environ["XLA_FLAGS"] = cpu_devices(N)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

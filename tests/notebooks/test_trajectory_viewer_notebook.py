@@ -10,6 +10,7 @@ import pytest
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TESTS)
 from test_main_support import ROOT, tiny_run  # noqa: E402
+from xla_flags import cpu_devices  # noqa: E402
 
 
 @pytest.mark.slow
@@ -22,7 +23,7 @@ def test_trajectory_viewer_runs_on_a_tiny_run(monkeypatch):
     monkeypatch.delenv("SAO_CONFIG", raising=False)            # the run's config.json, flags and all
     monkeypatch.delenv("SAO_CONFIG_ARGS", raising=False)
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")  # as the run
+    monkeypatch.setenv("XLA_FLAGS", cpu_devices(1))  # as the run
     # The kernel spec runs "python": make it this interpreter (the venv's), whatever PATH was.
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     nb = nbformat.read(os.path.join(ROOT, "notebooks", "trajectory_viewer.ipynb"), as_version=4)

@@ -37,6 +37,7 @@ from test_main_support import ROOT  # noqa: E402
 
 from sao import run_metrics  # noqa: E402
 from sao.rpc import auth, credentials, sao_pb2, sao_pb2_grpc  # noqa: E402
+from xla_flags import cpu_devices  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]   # the scenario runs in the first test's setup
 # Life 1's step budget is one the run cannot finish while the hold lasts (the wait for a
@@ -54,7 +55,7 @@ ORPHAN_BOUND_S = 30.0
 
 
 def start(workdir: str, log: str, steps: int) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": cpu_devices(1)}
     with open(log, "w") as out:
         return subprocess.Popen([sys.executable, "-m", "sao.main", f"--workdir={workdir}", *ARGS,
                                  f"--config.run.steps={steps}"],
