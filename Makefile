@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 WORKDIR ?= runs/quickstart
 PYTEST_ARGS ?=
 
-.PHONY: venv run test bench clean sglang-venv sglang-real-venv
+.PHONY: venv envs run test bench clean sglang-venv sglang-real-venv
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PY311) -m venv $(VENV)
@@ -17,6 +17,9 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+envs:
+	$(MAKE) -j3 $(STAMP) sglang-venv sglang-real-venv
 
 run: $(STAMP)
 	$(PY) -m sao.main --config=experiments/quickstart.py --workdir=$(WORKDIR)
@@ -28,8 +31,10 @@ run: $(STAMP)
 # ~25% idle while e2e tests waited on their subprocesses; tests/README.md "Time"); `--dist loadgroup` keeps each module,
 # and each group named with `pytest.mark.xdist_group`, on one worker
 # (tests/conftest.py, tests/README.md). TEST_WORKERS=0 runs in this process.
+# The three environments install side by side (one parallel make): pip waits on
+# the network and the disk as much as on the CPU.
 TEST_WORKERS ?= 3
-test: $(STAMP) sglang-venv sglang-real-venv
+test: envs
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 
 # SGLang-JAX server (CPU) for the rollout integration test, in its own Python
