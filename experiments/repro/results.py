@@ -214,18 +214,29 @@ def tool_timeouts(runs_by_arm) -> str:
 
 
 def code_versions(runs: str, runs_by_arm) -> str:
-    """Which code produced the finished runs (their ``run_info.jsonl``, one record per start)."""
-    versions, unrecorded = {}, 0
+    """Which commits produced the finished runs: each start's commit and the sweep's
+    clean check (``attempts.json``; changes under the records folder do not count, they are
+    data), and how many starts ``git describe`` in ``run_info.jsonl`` calls ``-dirty``
+    (it counts the records folder too)."""
+    commits, dirty_describe, unrecorded = {}, 0, 0
     for rs in runs_by_arm.values():
         for r in done(rs):
-            starts = provenance.read_run_info(sweep.run_dir(runs, r.arm, r.seed))
-            if not starts:
+            path = os.path.join(sweep.run_dir(runs, r.arm, r.seed), "attempts.json")
+            attempts = json.load(open(path, encoding="utf-8")).get("runs", []) \
+                if os.path.exists(path) else []
+            if not attempts:
                 unrecorded += 1
-            for v in {s["code_version"] for s in starts}:
-                versions[v] = versions.get(v, 0) + 1
-    listed = ", ".join(f"`{v}` ({n} run{'s' if n > 1 else ''})" for v, n in sorted(versions.items()))
-    return (f"Code versions (`git describe` per start of a run, `run_info.jsonl`): "
-            f"{listed or 'none recorded'}; {unrecorded} finished run(s) predate that record.")
+            for c in {(a.get("commit") or "?")[:7] + ("" if a.get("clean") is True else " (not clean)")
+                      for a in attempts}:
+                commits[c] = commits.get(c, 0) + 1
+            starts = provenance.read_run_info(sweep.run_dir(runs, r.arm, r.seed))
+            dirty_describe += any(str(s.get("code_version", "")).endswith("-dirty") for s in starts)
+    listed = ", ".join(f"`{c}` ({n} run{'s' if n > 1 else ''})" for c, n in sorted(commits.items()))
+    return (f"Code versions (the commit of every start, `attempts.json`, clean by the sweep's "
+            f"check, which ignores the records folder): {listed or 'none recorded'}; "
+            f"{unrecorded} finished run(s) predate that record. `git describe` "
+            f"(`run_info.jsonl`) says `-dirty` for {dirty_describe} of them: where the sweep's check "
+            f"found them clean, their checkout differed only inside the records folder.")
 
 
 def paired(runs_by_arm, arm: str, ref: str, value) -> list[float]:

@@ -12,7 +12,6 @@ sys.path.insert(0, ROOT)
 from experiments.repro import (ARM_NAMES, ROUND_ONE_ARM_NAMES, base, mech, report,  # noqa: E402
                                results, sweep)
 from experiments.repro import records as rec  # noqa: E402
-from sao import provenance  # noqa: E402
 from xla_flags import cpu_devices  # noqa: E402
 
 
@@ -227,8 +226,9 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
         assert "| `m_sao` | SAO | dirty |" in text
         return
     assert "| `m_sao` | SAO | done |" in text and "(n=1)" in text
-    version = provenance.read_run_info(sweep.run_dir(runs, "m_sao", 0))[0]["code_version"]
-    assert f"`{version}` (2 runs); 0 finished run(s) predate" in text
+    attempts = json.load(open(os.path.join(sweep.run_dir(runs, "m_sao", 0), "attempts.json")))
+    assert f"`{attempts['runs'][0]['commit'][:7]}` (2 runs); 0 finished run(s) predate" in text
+    assert "says `-dirty` for 0 of them" in text
     assert "(mean per training episode): none among 2 finished run(s)" in text
     assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
 
@@ -292,8 +292,11 @@ def test_stop_ends_the_run_in_progress_without_counting_a_failure(tmp_path):
         out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
         return out.split()
 
-    deadline = time.monotonic() + 60
+    # A bound, not a race: the driver imports JAX and checks the tree first (>60 s seen on
+    # a 2-core machine running two test suites and the sweep).
+    deadline = time.monotonic() + 300
     while not children() and time.monotonic() < deadline:
+        assert driver.poll() is None, "the driver exited before starting a run"
         time.sleep(0.2)
     assert children(), "the fake run never started"
     assert sweep.stop(runs, timeout_s=60) == f"stopped the sweep (pid {driver.pid})"
