@@ -7,6 +7,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 for _flag in ("--xla_force_host_platform_device_count=8", FAST_COMPILE):
     if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
+# XLA reads its flags once, when this process's backend starts: start it now, then take
+# FAST_COMPILE out again, so the child processes tests start (runs that sample many
+# tokens) run at XLA's defaults (tests/xla_flags.py).
+import jax  # noqa: E402
+
+jax.devices()
+os.environ["XLA_FLAGS"] = " ".join(f for f in os.environ["XLA_FLAGS"].split() if f != FAST_COMPILE)
 
 
 # `make test` runs on pytest-xdist workers (tests/README.md). A module's tests

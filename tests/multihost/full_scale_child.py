@@ -10,9 +10,9 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from xla_flags import cpu_devices  # noqa: E402
+from xla_flags import FAST_COMPILE, cpu_devices  # noqa: E402
 
-os.environ["XLA_FLAGS"] = cpu_devices(N)
+os.environ["XLA_FLAGS"] = f"{cpu_devices(N)} {FAST_COMPILE}"   # one update per variant: compiling
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
