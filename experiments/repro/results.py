@@ -27,7 +27,6 @@ import os
 import numpy as np
 
 from experiments.repro import ALL_ARMS, base, records, sweep
-from sao import provenance
 
 # A run has collapsed at the first held-out evaluation this far below its
 # pass@1 before RL (absolute), and never comes back above the start.
@@ -214,11 +213,9 @@ def tool_timeouts(runs_by_arm) -> str:
 
 
 def code_versions(runs: str, runs_by_arm) -> str:
-    """Which commits produced the finished runs: each start's commit and the sweep's
-    clean check (``attempts.json``; changes under the records folder do not count, they are
-    data), and how many starts ``git describe`` in ``run_info.jsonl`` calls ``-dirty``
-    (it counts the records folder too)."""
-    commits, dirty_describe, unrecorded = {}, 0, 0
+    """Which commits produced the finished runs: each start's commit and the sweep's clean
+    check (``attempts.json``; the records folder is data and does not count)."""
+    commits, unrecorded = {}, 0
     for rs in runs_by_arm.values():
         for r in done(rs):
             path = os.path.join(sweep.run_dir(runs, r.arm, r.seed), "attempts.json")
@@ -229,14 +226,10 @@ def code_versions(runs: str, runs_by_arm) -> str:
             for c in {(a.get("commit") or "?")[:7] + ("" if a.get("clean") is True else " (not clean)")
                       for a in attempts}:
                 commits[c] = commits.get(c, 0) + 1
-            starts = provenance.read_run_info(sweep.run_dir(runs, r.arm, r.seed))
-            dirty_describe += any(str(s.get("code_version", "")).endswith("-dirty") for s in starts)
     listed = ", ".join(f"`{c}` ({n} run{'s' if n > 1 else ''})" for c, n in sorted(commits.items()))
     return (f"Code versions (the commit of every start, `attempts.json`, clean by the sweep's "
             f"check, which ignores the records folder): {listed or 'none recorded'}; "
-            f"{unrecorded} finished run(s) predate that record. `git describe` "
-            f"(`run_info.jsonl`) says `-dirty` for {dirty_describe} of them: where the sweep's check "
-            f"found them clean, their checkout differed only inside the records folder.")
+            f"{unrecorded} finished run(s) predate that record.")
 
 
 def paired(runs_by_arm, arm: str, ref: str, value) -> list[float]:

@@ -228,7 +228,6 @@ def test_smoke_sweep_runs_skips_and_reports(tmp_path, monkeypatch):
     assert "| `m_sao` | SAO | done |" in text and "(n=1)" in text
     attempts = json.load(open(os.path.join(sweep.run_dir(runs, "m_sao", 0), "attempts.json")))
     assert f"`{attempts['runs'][0]['commit'][:7]}` (2 runs); 0 finished run(s) predate" in text
-    assert "says `-dirty` for 0 of them" in text
     assert "(mean per training episode): none among 2 finished run(s)" in text
     assert os.path.getsize(tmp_path / "plots" / "repro_main.png") > 1000
 
