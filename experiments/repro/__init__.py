@@ -11,7 +11,8 @@ runs) and ``claims`` (the same as code), ``results`` (reading runs, the rule
 and the detectable effect), ``verdicts`` / ``report`` (RESULTS.md),
 ``records`` (the committed ``runs/`` folder of finished runs of clean
 commits), ``progress`` (``sweep status``: percent done, ETA), ``pilot`` (the
-pilot's reading of a run, docs/repro_pilot.md).
+pilot's reading of a run, docs/repro_pilot.md), ``holdout`` (runs of seeds
+outside the sweep against the spread it reports).
 
 ``ROUND_ONE_ARMS`` are the first sweep's arms (no mechanisms): still runnable
 with ``--arms``, no longer part of the sweep, the claims or the report.

@@ -195,3 +195,28 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def plot(ev: dict | None, out_dir: str) -> str | None:
+    """docs/repro_ev_study.png: the EV study's measures by checkpoint step (None: no study)."""
+    if ev is None:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = sorted(int(k) for k in ev["checkpoints"])
+    rows = [ev["checkpoints"][str(k)] for k in steps]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, vals in (("critic EV, fresh episodes", [m["ev_pooled"] for m in rows]),
+                        ("tool-use-only predictor EV", [m["ev_tool_oracle"] for m in rows]),
+                        ("critic refit 30 steps, held-out EV", [m["refit"]["ev_held_out"] for m in rows]),
+                        ("tool use", [m["tool_use"] for m in rows])):
+        ax.plot(steps, vals, marker="o", label=label)
+    if ev.get("logged_ev"):
+        ax.plot(*zip(*ev["logged_ev"]), color="grey", alpha=0.5, label="logged EV (per batch)")
+    ax.set_xlabel("quick-start learner step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "repro_ev_study.png"), dpi=90)
+    plt.close(fig)
+    return "repro_ev_study.png"

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from experiments.repro import ALL_ARMS, ARMS, base, ev_study, mech, results, sweep, verdicts  # noqa: E402
+from experiments.repro import ALL_ARMS, ARMS, base, ev_study, holdout, mech, results, sweep, verdicts  # noqa: E402
 from experiments.repro.verdicts import BUDGET_HEADER, budget_cell  # noqa: E402
 from experiments.repro.results import done, pct, stat  # noqa: E402
 
@@ -299,28 +299,6 @@ def sft_status(runs: str, seeds) -> str:
     return "SFT warm starts (one per seed, shared by its arms): " + "; ".join(out) + "."
 
 
-def ev_plot(ev: dict | None, out_dir: str) -> str | None:
-    """docs/repro_ev_study.png: the EV study's measures by checkpoint step (None: no study)."""
-    if ev is None:
-        return None
-    steps = sorted(int(k) for k in ev["checkpoints"])
-    rows = [ev["checkpoints"][str(k)] for k in steps]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, vals in (("critic EV, fresh episodes", [m["ev_pooled"] for m in rows]),
-                        ("tool-use-only predictor EV", [m["ev_tool_oracle"] for m in rows]),
-                        ("critic refit 30 steps, held-out EV", [m["refit"]["ev_held_out"] for m in rows]),
-                        ("tool use", [m["tool_use"] for m in rows])):
-        ax.plot(steps, vals, marker="o", label=label)
-    if ev.get("logged_ev"):
-        ax.plot(*zip(*ev["logged_ev"]), color="grey", alpha=0.5, label="logged EV (per batch)")
-    ax.set_xlabel("quick-start learner step")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "repro_ev_study.png"), dpi=90)
-    plt.close(fig)
-    return "repro_ev_study.png"
-
-
 def compute_used(runs: str, runs_by_arm) -> str:
     walls = [max(r.rl_clock().values()) for rs in runs_by_arm.values() for r in done(rs)]
     attempts = 0.0
@@ -421,6 +399,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds=None) -> No
         "interval; an interval that contains 0 means no difference is shown at this n. "
         + verdicts.eval_noise(runs_by_arm, "m_sao", "m_grpo") + "\n",
         paired_table(runs_by_arm) + "\n",
+        "### Seeds outside the sweep\n", holdout.markdown(runs, runs_by_arm) + "\n",
         "## Value model: K = 2 vs K = 1, frozen attention vs full parameters\n",
         "Explained variance is the learner's `critic/explained_variance`: measured on each new "
         "batch *before* the critic's K steps on it (see the explained-variance study below).\n",
@@ -441,7 +420,7 @@ def write_report(runs: str, out: str, plots_dir: str, *, arms, seeds=None) -> No
          "before every batch.\n" if target is not None else ""),
         wc_table + "\n", f"![wall clock]({rel}/repro_wallclock.png)\n",
         "## The quick start's falling explained variance\n", ev_study.markdown(ev) + "\n",
-        (f"![EV study]({rel}/repro_ev_study.png)\n" if ev_plot(ev, plots_dir) else ""),
+        (f"![EV study]({rel}/repro_ev_study.png)\n" if ev_study.plot(ev, plots_dir) else ""),
         "## Discussion\n", discussion,
     ]
     with open(out, "w", encoding="utf-8") as f:

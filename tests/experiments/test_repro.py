@@ -28,7 +28,7 @@ def test_every_arm_file_is_listed():
     files = {f[:-3] for f in os.listdir(os.path.join(ROOT, "experiments", "repro"))
              if f.endswith(".py")} - {"__init__", "base", "sweep", "results", "report", "ev_study",
                                       "claims", "records", "progress", "verdicts", "mech",
-                                      "pilot"}
+                                      "pilot", "holdout"}
     assert files == set(ARM_NAMES) | set(ROUND_ONE_ARM_NAMES)
 
 
