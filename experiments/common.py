@@ -116,6 +116,8 @@ def base() -> ml_collections.ConfigDict:
     g.reload = ""                         # "update_weights_from_disk" | "restart" ("" = restart for sgl_jax)
     g.reload_timeout_s = 120.0            # one /update_weights_from_disk attempt
     g.ready_timeout_s = 900.0             # a server start or restart, until it answers
+    g.nice = 0                            # the server's niceness, 0-19 (launch/sglang_fleet.py
+                                          # --device=cpu --backend=jax: 10, docs/rollout.md)
     g.max_reload_failures = 3             # loads failing in a row before the worker reports itself unusable
     g.request_timeout_s = 600.0           # one /generate attempt
     g.url_file = ""                       # attach: server URLs one per line, worker i takes line i

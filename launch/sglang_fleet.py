@@ -8,7 +8,7 @@ Worker ``i`` is ``sao.main --role=rollout`` on port ``worker_port + i`` with
 ``rollout.sglang`` (docs/rollout.md, "Workers and their servers"): ``python -m
 sglang.launch_server`` (``--backend=torch``: GPU ``i * tp`` on,
 ``--device=cpu``: SGLang's CPU engine) or ``sgl_jax.launch_server``
-(``--backend=jax``: TPU / GPU, or ``--device=cpu``) on port ``sglang_port +
+(``--backend=jax``: TPU / GPU, or ``--device=cpu``, at niceness 10) on port ``sglang_port +
 i``, plus ``--server_args``. The worker starts its server with the learner's
 first weights (the HF export of each publish) and reloads it on every push:
 ``/update_weights_from_disk`` (SGLang) or a restart (sglang-jax, which has no
@@ -71,7 +71,10 @@ def fleet_overrides(args) -> list[str]:
 def worker_overrides(args, i: int) -> list[str]:
     if args.attach:  # attach: no server command (rollout.sglang.python empty), the URL as a flag
         return [*fleet_overrides(args), "rollout.sglang.python="]
-    out = [*fleet_overrides(args), f"rollout.sglang.python={args.sglang_python}",
+    # sglang-jax's idle scheduler polls in a loop (~0.8 core per CPU server): niced, it
+    # yields those cycles to the learner and workers on the same machine (--set wins).
+    niced = ["rollout.sglang.nice=10"] if args.backend == "jax" and args.device == "cpu" else []
+    out = [*niced, *fleet_overrides(args), f"rollout.sglang.python={args.sglang_python}",
            f"rollout.sglang.module={SERVER_MODULES[args.backend]}",
            f"rollout.sglang.args={shlex.join(server_args(args, i))}",
            f"rollout.sglang.port={args.sglang_port}"]

@@ -91,7 +91,7 @@ def make_server(cfg, worker_index: int, log_dir: str = "") -> SGLangServer:
                         args=shlex.split(g.args) if g.args else None, host=g.host, port=port,
                         log_path=log_path, env=env,
                         python_path=[p for p in g.python_path.split(os.pathsep) if p],
-                        ready_timeout_s=g.ready_timeout_s)
+                        ready_timeout_s=g.ready_timeout_s, nice=int(g.get("nice", 0)))
 
 
 def make_engine(cfg, *, worker_index: int, version: int, sglang_url: str = "",

@@ -115,6 +115,29 @@ def test_a_server_started_from_a_short_lived_thread_outlives_it(tmp_path):
     assert not server.running()
 
 
+def test_a_niced_server_runs_at_its_niceness(tmp_path):
+    """``nice`` (launch/sglang_fleet.py sets 10 for sglang-jax on CPU, whose idle scheduler
+    polls in a loop): the server process itself runs at that niceness, still under the
+    parent-death signal; a niceness outside 0-19 is refused."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    server = SGLangServer(str(model), python=sys.executable, module="fake_sglang_server",
+                          args=(), python_path=[str(FAKE_DIR)], log_path=str(tmp_path / "s.log"),
+                          ready_timeout_s=60, nice=7)
+    assert server.launch_argv()[0].endswith("setpriv")
+    server.start()
+    try:
+        with open(f"/proc/{server.proc.pid}/stat") as f:
+            fields = f.read().split(")")[-1].split()
+        assert int(fields[16]) == os.nice(0) + 7 or int(fields[16]) == 19, fields  # field 19: nice
+    finally:
+        server.stop()
+    for bad in (-1, 20, 1.5):
+        with pytest.raises(ValueError, match="nice"):
+            SGLangServer(str(model), python=sys.executable, nice=bad)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -47,11 +47,15 @@ JAX_CPU_ARGS: tuple[str, ...] = (
     "--precompile-token-paddings", "64", "512", "--precompile-bs-paddings", "1", "8", "16")
 
 # SGLang (PyTorch) on CPU (docs/rollout.md): its CPU engine with torch-native
-# attention in float32, and a KV pool sized for tests (by default it takes
-# ~70% of free memory: 12 GB and 45 s of allocation for a tiny model).
+# attention in float32, a KV pool sized for tests (by default it takes ~70% of
+# free memory: 12 GB and 45 s of allocation for a tiny model), and a scheduler
+# that waits on its sockets when idle: without --sleep-on-idle it polls them in
+# a loop, one full core per server (18 CPU-s in 20 s idle, 0 with it; sglang
+# 0.5.23, 2026-12-04) taken from the worker and learner beside it. (sglang-jax
+# 0.1.0rc0 accepts the flag and ignores it: its idle server still takes ~0.8 core.)
 TORCH_CPU_ARGS: tuple[str, ...] = (
     "--device", "cpu", "--dtype", "float32", "--disable-overlap-schedule",
-    "--max-total-tokens", "4096", "--max-running-requests", "16")
+    "--max-total-tokens", "4096", "--max-running-requests", "16", "--sleep-on-idle")
 # SGLang's CPU engine imports sgl_kernel, whose only published build needs CUDA: this
 # directory, first on the server's PYTHONPATH, holds the stand-in that lets it import.
 SGL_KERNEL_CPU_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sgl_kernel_cpu")
@@ -85,6 +89,12 @@ class SGLangServer:
       ready_timeout_s: how long ``start`` waits for readiness.
       die_with_parent: start it under ``setpriv --pdeathsig KILL`` (where
         ``setpriv`` exists): the kernel kills it when this process dies.
+      nice: the server's niceness, 0-19 (``nice -n``; 0: the caller's). On a CPU machine
+        it shares with a learner: sglang-jax's idle scheduler polls its sockets in a loop
+        (~0.8 core per server, ``--sleep-on-idle`` does not stop it in 0.1.0rc0) and a
+        niced server gives those cycles up when the learner needs them.
+
+    Raises ValueError for ``nice`` outside 0-19.
     """
 
     def __init__(self, model_path: str, *, python: str, module: str = "sgl_jax.launch_server",
@@ -92,7 +102,10 @@ class SGLangServer:
                  port: int | None = None, log_path: str | None = None,
                  env: dict[str, str] | None = None, python_path: Sequence[str] = (),
                  ready_timeout_s: float = 300.0, stop_timeout_s: float = 20.0,
-                 die_with_parent: bool = True):
+                 die_with_parent: bool = True, nice: int = 0):
+        if not (isinstance(nice, int) and 0 <= nice <= 19):
+            raise ValueError(f"nice must be an int in 0-19, got {nice!r}")
+        self.nice = nice
         self.model_path = model_path
         self.python = python
         self.module = module
@@ -124,9 +137,11 @@ class SGLangServer:
                 *self.args]
 
     def launch_argv(self) -> list[str]:
-        """``command()`` as started: under ``setpriv --pdeathsig KILL`` with ``die_with_parent``."""
+        """``command()`` as started: under ``setpriv --pdeathsig KILL`` with ``die_with_parent``,
+        under ``nice -n <nice>`` when ``nice`` > 0."""
         setpriv = shutil.which("setpriv") if self.die_with_parent else None
-        return ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + self.command()
+        nice = ["nice", "-n", str(self.nice)] if self.nice else []
+        return ([setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []) + nice + self.command()
 
     def environment(self) -> dict[str, str]:
         """The server's environment: the caller's without ``XLA_FLAGS`` (e.g. 8

@@ -109,6 +109,7 @@ def test_sglang_jax_servers_disable_the_overlap_scheduler():
     server0 = sglang_setup.make_server(cfg, 0).command()
     assert server0[2] == "sgl_jax.launch_server" and "--disable-overlap-schedule" in server0
     assert sglang_setup.reload_mode(cfg) == "restart"  # sglang-jax has no update endpoint
+    assert sglang_setup.make_server(cfg, 0).nice == 0  # niced on CPU only
 
 
 def test_sglang_fleet_on_cpu_with_its_learner():
@@ -129,6 +130,7 @@ def test_sglang_fleet_on_cpu_with_its_learner():
     assert command[command.index("--port") + 1] == "31001"
     assert " ".join(JAX_CPU_ARGS) in " ".join(command)
     assert command[-2:] == ["--max-total-tokens", "2048"]  # after the defaults: it wins
+    assert server.nice == 10      # sglang-jax's idle loop yields to the learner (docs/rollout.md)
     assert server.environment()["A"] == "1" and server.environment()["PYTHONPATH"].startswith("/p")
     assert cfg.run.steps == 3
     learner = shlex.split(lines[3].split("] ", 1)[1])
