@@ -14,8 +14,9 @@ One scenario, checked by the tests below (slow: two learner lives, ~5 min):
    pieces; a fresh clone's run had none). The hold alone does not make every
    checkpoint hold one (the worker's episodes advance while it takes a push),
    so life 1 gets a budget of 10,000 steps, which it cannot reach before the
-   wait for such a checkpoint gives up (600 s): a run ending before one came
-   is no longer a way to fail. The learner is frozen (SIGSTOP) as soon as its
+   wait for such a checkpoint gives up (900 s): a run ending before one came
+   is no longer a way to fail. The lease timeout is raised past the test's
+   length: the held worker must keep its leases, not be quarantined. The learner is frozen (SIGSTOP) as soon as its
    latest checkpoint holds one, then SIGKILLed, so no later checkpoint can
    slip in; its workers must exit with it;
 4. the same command with ``run.steps`` raised to 3 past that checkpoint
@@ -50,6 +51,11 @@ ARGS = ["--config=experiments/grpo_math.py:cpu", "--config.sft.steps=0", f"--con
         "--config.env.task_size=200", "--config.data.heldout_fraction=0.2",
         "--config.rollout.max_concurrency=12", "--config.rollout.engine_slots=12",  # 3 groups in flight: batches of 8 cut groups
         "--config.checkpoint.every=1", "--config.checkpoint.keep=40", "--config.run.progress=False",
+        # The hold is a worker this slow on purpose: at the cpu configs' 300 s lease timeout
+        # the dispatcher quarantined it for the rest of the run, re-issued its prompts, and
+        # no later checkpoint could hold groups in pieces; on a loaded machine that came
+        # before any checkpoint held one (a fresh clone timed out, 2026-12-04).
+        "--config.rollout.lease_timeout_s=7200",
         ]
 ORPHAN_BOUND_S = 30.0
 
@@ -237,15 +243,22 @@ def scenario(tmp_path_factory):
         # 3. Hold worker 1 back; SIGKILL the learner right after a checkpoint holding
         # groups in pieces (frozen first, so that checkpoint is the latest).
         first = latest_step(workdir) + 1
+        looked: dict = {}                 # checkpoint step -> (held rows, copies): for a failure
 
         def latest_with_groups():
             step = latest_step(workdir)
-            return step if step >= first and groups_in_pieces(checkpoint_meta(workdir, step))[0] \
-                else None
+            if step < first:
+                return None
+            looked[step] = groups_in_pieces(checkpoint_meta(workdir, step))
+            return step if looked[step][0] else None
         held = wait_for(lambda: worker_pid(run.pid, 1), 30, run, "worker 1")
         with HeldBack(held, addresses[1], addresses[0], security) as hold:
             while True:
-                wait_for(latest_with_groups, 600, run, "a checkpoint with groups in pieces")
+                try:
+                    wait_for(latest_with_groups, 900, run, "a checkpoint with groups in pieces")
+                except (TimeoutError, RuntimeError) as e:
+                    raise type(e)(f"{e}; checkpoints since the hold, step: (held rows, "
+                                  f"copies): {looked}") from None
                 run.send_signal(signal.SIGSTOP)
                 if latest_with_groups() is not None:
                     break
