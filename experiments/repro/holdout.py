@@ -98,7 +98,9 @@ def markdown(runs: str, sweep_runs: dict) -> str:
     (``{arm: [results.Run]}`` of the sweep's seeds)."""
     held = results.load_all(runs, MAIN_ARMS, HOLDOUT_SEEDS)
     table = rows(sweep_runs, held)
-    intro = (f"Seeds {', '.join(map(str, HOLDOUT_SEEDS))} are in no table above: the main arms "
+    ran = sorted({t["seed"] for t in table})
+    intro = (f"Seeds {', '.join(map(str, HOLDOUT_SEEDS))} are in no table above (finished so far: "
+             f"{', '.join(map(str, ran)) or 'none'}): the main arms "
              "run on them (same commit and settings, their own SFT warm start) to check that the "
              "spread reported here describes seeds the sweep has not seen. Each held-out run's "
              "AUC and final pass@1, and its difference to `m_sao` on the same seed, against "
