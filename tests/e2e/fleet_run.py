@@ -76,8 +76,11 @@ def server_starts(workdir: pathlib.Path, i: int) -> tuple[list[str], str]:
 def check_run(workdir: pathlib.Path, model: str, servers: int = 2) -> dict:
     """The checks of a finished fleet run, whatever its servers; returns numbers to print.
 
-    * each step's DIS ratio at lag 0: ``max |log pi_learner - log pi_server|`` <= 1e-4
-      over every action token (``actor/max_abs_log_ratio``, ``batch/staleness_max`` 0), and
+    * each step's DIS ratio at lag 0: ``max |log pi_learner - log pi_server|`` <= 1e-3
+      over every action token (``actor/max_abs_log_ratio``, ``batch/staleness_max`` 0;
+      the parity gate's per-token bound: f32 log-probs of requests the server batched
+      differently reached 1.1e-4 once in a loaded fresh clone, 2026-12-04; weights that
+      are not the learner's differ by ~3.4 nats), and
       independently, from the recorded batches (``run.record_batches``), the log-probs our
       model recomputes from each published HF export equal the server's on the tokens that
       version sampled;
@@ -97,7 +100,7 @@ def check_run(workdir: pathlib.Path, model: str, servers: int = 2) -> dict:
     for s, r in rl.items():
         assert r["batch/staleness_max"] == 0 and r["learner/actor_updated"] == 1
         assert r["actor/grad_norm"] > 0
-    assert max(gaps) <= 1e-4, gaps
+    assert max(gaps) <= 1e-3, gaps
     # The log-prob parity gate (on by default) checked every server at every version and
     # passed it: the ChatML probe holds the model's last id, which SGLang reports as 0.
     for s, r in rl.items():
