@@ -6,9 +6,11 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 WORKDIR ?= runs/quickstart
 PYTEST_ARGS ?=
-# pip byte-compiles every installed file (~77,000 in the three environments, ~6 CPU-min on
-# 2 cores); without it Python compiles the modules a process imports, once, on first use.
-PIP_INSTALL := install -q --no-compile
+# pip byte-compiles every installed file (~77,000 in the three environments). Keep it: with
+# PYTHONDONTWRITEBYTECODE=1 (set on our machines) Python never caches what it compiles, and
+# without pip's .pyc files every process recompiled jax, flax, torch, ... on import: a fresh
+# clone's suite took 84 CPU-min with --no-compile against ~60 without it (2026-12-04).
+PIP_INSTALL := install -q
 
 .PHONY: venv envs run test bench clean sglang-venv sglang-real-venv
 
