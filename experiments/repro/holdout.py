@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from experiments.repro import results
 
 HOLDOUT_SEEDS = (100, 101)    # never in base.SEEDS (tests/experiments/test_repro_prereg.py)
@@ -30,17 +28,16 @@ ENDPOINTS = (("AUC", lambda r: r.auc()),
 
 def prediction_interval(values, level: float = 0.95) -> tuple[float, float] | None:
     """``(low, high)``: where one more draw from the distribution of ``values`` falls with
-    probability ``level`` (Student t, ``mean ± t · sd · sqrt(1 + 1/n)``). None for n < 2.
+    probability ``level`` (Student t, ``mean ± t · sd · sqrt(1 + 1/n)``: the half-width of
+    ``results.t_interval``, ``t · sd / sqrt(n)``, times ``sqrt(n + 1)``). None for n < 2.
     Raises ValueError if ``level`` is not in (0, 1)."""
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    vals = np.asarray([float(v) for v in values], np.float64)
-    if vals.size < 2:
+    values = [float(v) for v in values]
+    ci = results.t_interval(values, level)
+    if ci is None:
         return None
-    from scipy import stats
-    half = float(stats.t.ppf(0.5 + level / 2, vals.size - 1) * vals.std(ddof=1)
-                 * math.sqrt(1 + 1 / vals.size))
-    return float(vals.mean()) - half, float(vals.mean()) + half
+    mean, _, high = ci
+    half = (high - mean) * math.sqrt(len(values) + 1)
+    return mean - half, mean + half
 
 
 def placement(value: float, reference) -> dict:
@@ -69,22 +66,19 @@ def rows(sweep_runs: dict, held_runs: dict) -> list[dict]:
     **placement}`` against the same quantity over the sweep's finished seeds (n >= 2)."""
     out = []
     for name, value in ENDPOINTS:
+        held_sao = {r.seed: value(r) for r in results.done(held_runs.get("m_sao", []))}
         for arm in MAIN_ARMS:
-            ref = {r.seed: value(r) for r in results.done(sweep_runs.get(arm, []))}
-            sao_ref = {r.seed: value(r) for r in results.done(sweep_runs.get("m_sao", []))}
-            held_sao = {r.seed: value(r) for r in results.done(held_runs.get("m_sao", []))}
+            base = [x for x in map(value, results.done(sweep_runs.get(arm, []))) if x is not None]
+            diffs = results.paired(sweep_runs, arm, "m_sao", value)
             for r in results.done(held_runs.get(arm, [])):
                 v = value(r)
                 if v is None:
                     continue
-                base = [x for x in ref.values() if x is not None]
                 if len(base) >= 2:
                     out.append({"arm": arm, "seed": r.seed, "endpoint": name, "what": arm,
                                 "value": float(v), "n": len(base), **placement(v, base)})
                 if arm == "m_sao" or held_sao.get(r.seed) is None:
                     continue
-                diffs = [ref[s] - sao_ref[s] for s in ref
-                         if ref[s] is not None and sao_ref.get(s) is not None]
                 if len(diffs) >= 2:
                     d = float(v) - held_sao[r.seed]
                     out.append({"arm": arm, "seed": r.seed, "endpoint": name,
