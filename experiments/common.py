@@ -268,7 +268,8 @@ def fleet_cpu(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     ``launch/sglang_fleet.py --model``) with its own tokenizer and Hermes tool calls,
     served by SGLang servers that the workers start (``--backend=jax`` or ``torch``
     with ``--device=cpu``), HF exports pushed and reloaded; minutes
-    (tests/e2e/test_sglang_fleet_run.py runs it with a small Qwen3)."""
+    (tests/launch/test_cluster_runs.py and tests/rollout/test_sglang_real_server.py run it
+    with a small Qwen3)."""
     c = cpu(c)
     c.model.tokenizer = "hf"
     c.learner.batch_size = 4

@@ -17,7 +17,7 @@ Variants: ``cpu`` (tiny byte-level model, runs on a laptop CPU), ``smollm2_cpu``
 calls, two learner steps on this CPU; its prompt ids: tests/rollout/test_chat_frames.py) and full-scale
 ``qwen3_30b_a3b`` (default), ``qwen3_8b``, ``qwen3_1p7b`` (SGLang fleet); ``fleet_cpu``
 is the SGLang fleet path on a CPU with a small HF model (``--model``; sglang-jax or
-SGLang's CPU engine; tests/e2e/test_sglang_fleet_run.py).
+SGLang's CPU engine; tests/launch/test_cluster_runs.py).
 """
 from experiments import common
 from sao.models.gguf_io import find_smollm2_gguf

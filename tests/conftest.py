@@ -38,8 +38,7 @@ SHARED = {
     # run took 1301 s beside a SmolLM2 run). One lane runs them one after another
     # while the other workers take everything else (three under `make test`: peak
     # 18.0 GB used, 2026-12-03).
-    MEMORY_LANE: ("tests/e2e/test_swe_runs.py", "tests/e2e/test_sglang_fleet_run.py",
-                  "tests/rollout/test_sglang_real_server.py"),
+    MEMORY_LANE: ("tests/e2e/test_swe_runs.py", "tests/rollout/test_sglang_real_server.py"),
 }
 _GROUP_OF = {module: group for group, modules in SHARED.items() for module in modules}
 

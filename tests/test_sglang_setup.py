@@ -6,7 +6,7 @@ The worker process (``sao.main --role=rollout``) starts its own server from
 loads keep failing (the learner then raises ``FleetError`` naming it) and
 stops its server when it exits. The server is the stand-in
 ``tests/rollout/fake_sglang_server.py``; the real servers run in
-tests/e2e/test_sglang_fleet_run.py and tests/rollout/test_sglang_real_server.py
+tests/launch/test_cluster_runs.py (both kinds) and tests/rollout/test_sglang_real_server.py
 (``--attach``). Attaching by URL reads
 ``rollout.sglang.url_file``.
 """

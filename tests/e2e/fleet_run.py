@@ -1,7 +1,8 @@
 """The launcher's one-machine fleet run (``launch/sglang_fleet.py ... --learner``) and the
-checks every SGLang fleet run shares; used by tests/e2e/test_sglang_fleet_run.py
-(sglang-jax servers the workers start) and tests/rollout/test_sglang_real_server.py
-(real SGLang servers attached by URL). What the checks assert: check_run's docstring.
+checks every SGLang fleet run shares; used by tests/rollout/test_sglang_real_server.py
+(real SGLang servers attached by URL, this module's ``launch``) and by the TPU VM box run
+of tests/launch/test_cluster_runs.py (sglang-jax servers its fleet's workers start and
+restart on every push). What the checks assert: check_run's docstring.
 """
 import hashlib
 import json
@@ -88,8 +89,12 @@ def check_run(workdir: pathlib.Path, model: str, servers: int = 2) -> dict:
     * the weights really change: the kept HF exports differ, the actor's gradient is non-zero;
     * Hermes tool calls ran in the sandbox (a ``<tool_call>`` whose program's output came
       back framed in the trajectory);
-    * evaluation through the fleet before, during (step 1) and after RL; ``summary.json``.
+    * evaluation through the fleet before RL, every ``eval.every`` steps and after, on
+      ``eval.num_prompts`` held-out prompts (the run's ``config.json``); ``summary.json``.
     """
+    cfg = json.loads((workdir / "config.json").read_text())
+    every, prompts = cfg["eval"]["every"], cfg["eval"]["num_prompts"]
+    eval_steps = sorted({0, STEPS} | {s for s in range(1, STEPS + 1) if every and s % every == 0})
     summary = json.loads((workdir / run_metrics.SUMMARY_FILE).read_text())
     assert summary["steps"] == STEPS and summary["policy_version"] == STEPS
     assert summary["trajectories"] == 4 * STEPS and summary["dropped"] == 0
@@ -108,11 +113,13 @@ def check_run(workdir: pathlib.Path, model: str, servers: int = 2) -> dict:
         assert len(passed) == servers and set(passed.values()) == {1}, r
         assert r["parity/failures"] == 0 and r["fleet/quarantined"] == 0
         assert max(v for k, v in r.items() if k.endswith("/mean_gap")) < 1e-4
-    # Evaluation through the fleet: before, during (step 1) and after; sampled apart.
+    # Evaluation through the fleet: before, during and after; sampled apart.
     evals = [r for r in records if "eval/accuracy" in r]
-    assert sorted(r["step"] for r in evals) == [0, 1, STEPS]
-    assert all(r["eval/prompts"] == 4 and r["eval/missing"] == 0 for r in evals)
-    assert rl[STEPS]["fleet/sampled"] == 4 and rl[STEPS]["fleet/trained"] == 4 * STEPS
+    assert sorted(r["step"] for r in evals) == eval_steps
+    assert all(r["eval/prompts"] == prompts and r["eval/missing"] == 0 for r in evals)
+    during = [s for s in eval_steps if 0 < s < STEPS]     # sampled before the last record
+    assert rl[STEPS]["fleet/sampled"] == prompts * len(during), rl[STEPS]
+    assert rl[STEPS]["fleet/trained"] == 4 * STEPS
     # The weights change at every step: the published exports differ.
     publish = workdir / "publish"
     versions = sorted(p.name for p in publish.iterdir() if p.name.startswith("v"))

@@ -3,13 +3,16 @@
 The commands are README.md's own ("Full scale"), with the run's directories
 under the test's, free ports and the run cut to 2 learner steps appended
 (README's one-machine ``launch/sglang_fleet.py --learner`` runs in
-tests/e2e/test_sglang_fleet_run.py, with the same no-leftover check); ``launch/gpu_slurm.py``
+tests/rollout/test_sglang_real_server.py, with the same no-leftover check); ``launch/gpu_slurm.py``
 submits its sbatch script (``--wait``) and the box runs it: ``srun`` starts
 ``launch/sglang_fleet.py`` on the fleet node (a rollout worker starting its
 own SGLang server, SGLang's CPU engine) and the learner on the learner node;
 ``launch/tpu_vm.py`` creates a one-host TPU VM in the box, starts the fleet on
-the fleet machine over ``gcloud compute ssh`` and the learner over ``tpu-vm
-ssh --worker=all``. Checked: 2 learner steps, the job's (or launcher's) exit
+the fleet machine over ``gcloud compute ssh`` (a worker starting an sglang-jax
+server, restarted on every push) and the learner over ``tpu-vm ssh
+--worker=all``; that run, at ``tau=0``, also passes every check of an SGLang
+fleet run (tests/e2e/fleet_run.py: lag-0 log-prob equality, the parity gate,
+changing weights, tool calls in the sandbox, evaluation through the fleet). Checked: 2 learner steps, the job's (or launcher's) exit
 status is the learner's, nothing the launch started is left running (every
 process the box started carries its tag), the TPU VM the launcher created is
 deleted, every ``--set`` value arrives intact (the learner's
@@ -28,9 +31,12 @@ import time
 
 import pytest
 
-from cluster import (HAVE_REAL, ROOT, RUN_SETS, box, box_env, fleet_flags, free_ports, in_tmp, logs,
-                     readme_command, run, run_shell, user_env)
+from cluster import (HAVE_REAL, JAX_PYTHON, JAX_SERVER_ARGS, ROOT, RUN_SETS, box, box_env, fleet_flags,
+                     free_ports, in_tmp, logs, readme_command, run, run_shell, user_env)
 from wandb_offline import wandb_history
+
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from fleet_run import STEPS, check_run, server_starts  # noqa: E402
 
 from launch import tiny_model
 from sao import run_metrics
@@ -139,13 +145,17 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     assert not box.tagged(str(box_dir))
 
 
+@pytest.mark.skipif(not JAX_PYTHON.exists(), reason=f"no {JAX_PYTHON} (`make sglang-venv`)")
 def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "tpu"
+    fleet_args = (f"--device=cpu --backend=jax --sglang_port={free_ports(1)} "
+                  + shlex.quote(f"--server_args={JAX_SERVER_ARGS}"))
     out = readme_run(runs, box_dir, "tpu_vm.py", "fleet_cpu",
                      flags=(f"--token_dir={tmp_path}/token", f"--coordinator_port={free_ports(1)}",
                             f"--worker_port={free_ports(1)}", "--tpu=box-tpu",
-                            f"--fleet_args=--device=cpu --sglang_port={free_ports(1)}",
+                            f"--fleet_args={fleet_args}",
+                            "--set", "rollout.tau=0", "--set", "run.record_batches=True",
                             "--set", "run.wandb_project=sao-box"),     # W&B beside TensorBoard, offline
                      env={**user_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:] + logs(workdir)
@@ -158,3 +168,12 @@ def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     assert gcloud[0][:5] == ["compute", "tpus", "tpu-vm", "create", "box-tpu"]
     assert gcloud[-1][:5] == ["compute", "tpus", "tpu-vm", "delete", "box-tpu"]
     assert not (box_dir / "gcloud" / "tpu" / "box-tpu").exists()
+    # The fleet machine's sglang-jax server: every check of an SGLang fleet run at tau = 0
+    # (tests/e2e/fleet_run.py), and every push reloaded by a restart (sglang-jax has no
+    # /update_weights_from_disk): one start per version v0..v2.
+    facts = check_run(workdir, str(runs / "runs" / "tiny_qwen3"), servers=1)
+    starts, _ = server_starts(workdir, 0)
+    assert [pathlib.Path(p).parent.name for p in starts] == [f"v{v:010d}" for v in range(STEPS + 1)]
+    print(f"\nTPU VM box, sglang-jax: max |log ratio| per step {facts['gaps']}, recomputed "
+          f"{facts['recomputed_gaps']}, {facts['tool_calls_ran']} tool calls ran, learner "
+          f"{facts['wall_s']:.0f} s")

@@ -3,10 +3,10 @@
 Fast: the full-scale ``--dry-run`` commands, the model builder, a launcher
 started by a Python without SAO's packages. The commands that train: the
 Slurm and TPU VM launches in the box run in test_cluster_runs.py, from the
-README's own text (each starts workers that start real SGLang servers); the
-one-machine fleet command runs as an argv, with free ports and the checks'
-settings, with sglang-jax servers (tests/e2e/test_sglang_fleet_run.py) and with
-``--attach`` on a real SGLang server (tests/rollout/test_sglang_real_server.py).
+README's own text (their workers start SGLang's CPU engine and sglang-jax
+servers); the one-machine fleet command runs as an argv, with free ports and
+the checks' settings, with ``--attach`` on a real SGLang server
+(tests/rollout/test_sglang_real_server.py).
 """
 import shutil
 import subprocess
