@@ -119,8 +119,14 @@ def _use_compilation_cache() -> str:
 
     Every process of a run compiles the same steps (learner, engines of the workers), and so
     does every rerun and test run on the machine: a warm cache cut a tiny quick-start run's
-    CPU time by ~60% (docs/quickstart.md).
+    CPU time by ~60% (docs/quickstart.md). Every program is cached, however fast it
+    compiled (``jax_persistent_cache_min_compile_time_secs`` 0 unless
+    ``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`` is set): JAX's default (1 s) left most of
+    a small model's programs out, and a 2-step tiny run's second start took 26.7 CPU-s
+    instead of 13.8 (2026-12-04, docs/quickstart.md).
     """
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:
         return os.environ["JAX_COMPILATION_CACHE_DIR"]
     directory = os.path.join(storage.default_cache_dir(), "jax")

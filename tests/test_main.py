@@ -26,16 +26,23 @@ def test_config_argv_is_forwarded_to_workers():
 def test_compilation_cache_defaults_to_the_sao_cache_dir(monkeypatch, tmp_path):
     import jax
     before = jax.config.jax_compilation_cache_dir
+    min_time = jax.config.jax_persistent_cache_min_compile_time_secs
     try:
         monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")          # set, even empty: left alone
+        monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")   # likewise
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         assert sao_main._use_compilation_cache() == ""
         assert jax.config.jax_compilation_cache_dir == before
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
         monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+        monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")
         monkeypatch.setenv("SAO_CACHE_DIR", str(tmp_path))
         assert sao_main._use_compilation_cache() == str(tmp_path / "jax")
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0   # every program
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", min_time)
 
 
 @pytest.mark.slow
