@@ -309,8 +309,11 @@ def compute_used(runs: str, runs_by_arm) -> str:
                 with open(path, encoding="utf-8") as f:
                     attempts += sum(a["seconds"] for a in json.load(f).get("runs", []))
     sft = []
+    seeds = {f"seed{r.seed}" for rs in runs_by_arm.values() for r in rs}   # the tables' seeds only
     for seed_dir in sorted(os.listdir(os.path.join(runs, "_sft"))) if os.path.isdir(
             os.path.join(runs, "_sft")) else []:
+        if seed_dir not in seeds:
+            continue
         p = os.path.join(runs, "_sft", seed_dir, "sft", "result.json")
         p = p if os.path.exists(p) else os.path.join(runs, "_sft", seed_dir, "result.json")
         if os.path.exists(p):
