@@ -41,8 +41,8 @@ TEST_WORKERS ?= 3
 test: envs
 	$(PY) -m pytest -q --durations=30 -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS) tests
 
-# SGLang-JAX server (CPU) for the rollout integration test, in its own Python
-# 3.12 venv. Without a working python3.12 this does nothing and that test skips.
+# SGLang-JAX server (CPU) for the sglang-jax tests (rollout, the TPU VM box run), in its
+# own Python 3.12 venv. Without a working python3.12 this does nothing and they skip.
 PY312 ?= $(shell for p in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 SGLANG_VENV  ?= .venv-sglang

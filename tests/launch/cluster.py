@@ -18,7 +18,8 @@ REAL_VENV = pathlib.Path(os.environ.get("SGLANG_REAL_VENV")
                          or pathlib.Path.home() / ".cache" / "sao" / "sglang-0.5.23")
 REAL_PYTHON = REAL_VENV / "bin" / "python"
 HAVE_REAL = (REAL_VENV / ".installed").exists()
-# sglang-jax on CPU for the tiny model: one prefill and one decode shape (as tests/e2e).
+# sglang-jax on CPU for the tiny model: one prefill and one decode shape (the TPU VM box run's
+# --server_args, test_cluster_runs.py).
 JAX_SERVER_ARGS = ("--max-total-tokens 2048 --max-running-requests 4 "
                    "--precompile-token-paddings 512 --precompile-bs-paddings 4")
 # A run cut to what the tests check: 2 learner steps, a 2-prompt evaluation before and after.

@@ -44,8 +44,9 @@ from sao.rollout import sglang_server
 
 NAME = """run "quoted" 'single' (paren) $HOME $(not run) `nor this` \\back *"""
 
-pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.timeout(2400),
-              pytest.mark.skipif(not HAVE_REAL, reason="no SGLang environment (make sglang-real-venv)")]
+pytestmark = [pytest.mark.slow, pytest.mark.sglang, pytest.mark.timeout(2400)]
+NEEDS_REAL = pytest.mark.skipif(not HAVE_REAL, reason="no SGLang environment (make sglang-real-venv)")
+NEEDS_JAX = pytest.mark.skipif(not JAX_PYTHON.exists(), reason=f"no {JAX_PYTHON} (make sglang-venv)")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,7 @@ def check_finished(workdir: pathlib.Path, box_dir: pathlib.Path) -> None:
     assert not box.tagged(str(box_dir))
 
 
+@NEEDS_REAL
 def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "slurm"
@@ -112,6 +114,7 @@ def test_slurm_job_runs_two_steps_and_ends_with_the_learner(tmp_path, runs):
     assert list((workdir / "workers").glob("sglang*.log")), "no SGLang server ran"
 
 
+@pytest.mark.skipif(not (HAVE_REAL or JAX_PYTHON.exists()), reason="no SGLang environment")
 def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir):
     box_dir, workdir = tmp_path / "box", tmp_path / "run"
     env = box_env(box_dir)
@@ -145,11 +148,15 @@ def test_a_killed_learner_ends_the_slurm_job_with_its_status(tmp_path, model_dir
     assert not box.tagged(str(box_dir))
 
 
-@pytest.mark.skipif(not JAX_PYTHON.exists(), reason=f"no {JAX_PYTHON} (`make sglang-venv`)")
+@NEEDS_JAX
 def test_tpu_vm_launch_runs_two_steps_and_deletes_its_vm(tmp_path, runs):
     box_dir = tmp_path / "box"
     workdir = runs / "runs" / "tpu"
-    fleet_args = (f"--device=cpu --backend=jax --sglang_port={free_ports(1)} "
+    # README's own --fleet_args (the backend), then a free port and the test's server shapes.
+    readme_fleet = [w.split("=", 1)[1] for w in shlex.split(readme_command("tpu_vm.py", "fleet_cpu"))
+                    if w.startswith("--fleet_args=")]
+    assert readme_fleet and "--backend=jax" in readme_fleet[0], readme_fleet
+    fleet_args = (f"{readme_fleet[0]} --sglang_port={free_ports(1)} "
                   + shlex.quote(f"--server_args={JAX_SERVER_ARGS}"))
     out = readme_run(runs, box_dir, "tpu_vm.py", "fleet_cpu",
                      flags=(f"--token_dir={tmp_path}/token", f"--coordinator_port={free_ports(1)}",
