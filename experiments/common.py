@@ -169,6 +169,8 @@ def base() -> ml_collections.ConfigDict:
     d.heldout_fraction = 0.02             # share of prompts held out for evaluation
     d.split_seed = 17                     # seed of the train / held-out hash split
     d.shuffle_seed = 0                    # prompt order seed (grain)
+    d.issue_variants = 0                  # swe/ tasks: each training prompt also under k other
+                                          # training hints (sao.data.swe_demos)
 
     # --- sft (warm start) --------------------------------------------------------
     c.sft = s = ml_collections.ConfigDict()

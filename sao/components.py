@@ -10,6 +10,7 @@ import ml_collections
 from flax import nnx
 
 from sao import sglang_setup
+from sao.data.prompts import split_records
 from sao.fleet.dispatch_config import DispatcherConfig
 from sao.fleet.parity import ParityGate
 from sao.fleet.probe import probe_sequences
@@ -112,6 +113,22 @@ def make_tasks(cfg) -> dict:
             task = make_task(spec)
         tasks[task.name] = task
     return tasks
+
+
+def split_prompts(cfg, tasks: dict, *, evaluated_only: bool = True) -> tuple[list[dict], list[dict]]:
+    """``(train records, held-out records)``: the tasks' prompts split by ``data.heldout_fraction``
+    (seed ``data.split_seed``, ``sao.data.prompts.split_records``); the held-out ones cut to
+    the ``eval.num_prompts`` that are evaluated, or all of them with ``evaluated_only=False``.
+
+    Raises ValueError if fewer than ``eval.num_prompts`` prompts are held out.
+    """
+    records = [r for t in tasks.values() for r in t.records()]
+    train_records, heldout = split_records(records, heldout_fraction=cfg.data.heldout_fraction,
+                                           seed=cfg.data.split_seed)
+    if len(heldout) < cfg.eval.num_prompts:
+        raise ValueError(f"only {len(heldout)} held-out prompts < eval.num_prompts "
+                         f"{cfg.eval.num_prompts}: raise env.task_size or data.heldout_fraction")
+    return train_records, heldout[:cfg.eval.num_prompts] if evaluated_only else heldout
 
 
 def tool_latency(cfg) -> ToolLatency:

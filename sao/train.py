@@ -11,10 +11,8 @@
 5. held-out pass@1 after RL; ``summary.json`` and a summary table, with where
    the wall time went (``sao.timing``: ``time/...`` keys and a second table).
 
-Evaluation and value-pretraining samples run in process on a ``JaxEngine``,
-or on the rollout fleet when its engines are SGLang servers
-(``sao.evaluation.FleetSampler``, ``eval.where``): the learner never needs a
-server URL.
+Evaluation and value-pretraining samples run in process on a ``JaxEngine``, or on the
+fleet (``sao.evaluation.FleetSampler``, ``eval.where``): the learner needs no server URL.
 
 Every process of a multi-host learner (docs/multihost.md) runs this
 function: all of them build the mesh, the states and every jitted step,
@@ -25,9 +23,8 @@ the others (``sao.multihost``). ``run.record_batches`` keeps the batches the
 learner trained on in ``replay.bin``; ``run.replay`` trains on such a file
 instead of a fleet (``sao.fleet.replay``).
 
-The resolved config goes to ``config.json`` first (``sao.analysis`` rebuilds
-it from there). Every phase leaves its result in the workdir; a rerun resumes
-in this order:
+The resolved config goes to ``config.json`` first (``sao.analysis`` rebuilds it from
+there). Every phase leaves its result in the workdir; a rerun resumes in this order:
 
 * ``sft/`` (published weights + ``result.json``): loaded instead of training;
 * ``eval_before.json``: read instead of evaluating again;
@@ -63,7 +60,8 @@ from rich.console import Console
 from sao import (ckpt, components, multihost, provenance, rl_loop, run_metrics, sft, storage,
                  timing, workers)
 from sao.data import demonstrations
-from sao.data.prompts import PromptStream, prompt_iterator, split_records
+from sao.data.prompts import PromptStream, prompt_iterator
+from sao.data.swe_demos import issue_variant_records
 from sao.envs import facts as env_facts
 from sao.envs.drift import drift_summary
 from sao.evaluation import FleetSampler, Sampler
@@ -117,7 +115,11 @@ def train(cfg, workdir: str, *, addresses: list[str]) -> dict:
           else run_metrics.NullWriter()) as writer:
         tokenizer = components.make_tokenizer(cfg)
         tasks = components.make_tasks(cfg)
-        train_records, heldout = split_prompts(cfg, tasks)
+        train_records, held_all = components.split_prompts(cfg, tasks, evaluated_only=False)
+        heldout = held_all[:cfg.eval.num_prompts]
+        train_records = issue_variant_records(  # swe/: other hints, never a held-out text
+            train_records, cfg.data.get("issue_variants", 0), seed=cfg.data.shuffle_seed,
+            exclude_texts={r["text"] for r in held_all})
         multihost.sync("start")                            # the lead spawned workers, wrote files
         mesh = mesh_from_config(cfg.model.mesh)            # every device of every process
         policy = components.make_policy(cfg, cfg.seed, mesh=mesh)
@@ -236,21 +238,6 @@ def critic_only_steps(cfg, learner_cfg) -> int:
     return int(learner_cfg.critic_warmup_steps) if learner_cfg.uses_critic else 0
 
 
-def split_prompts(cfg, tasks: dict) -> tuple[list[dict], list[dict]]:
-    """``(train records, held-out records)``: the tasks' prompts split by ``data.heldout_fraction``
-    (seed ``data.split_seed``), held out cut to ``eval.num_prompts``.
-
-    Raises ValueError if fewer than ``eval.num_prompts`` prompts are held out.
-    """
-    records = [r for t in tasks.values() for r in t.records()]
-    train_records, heldout = split_records(records, heldout_fraction=cfg.data.heldout_fraction,
-                                           seed=cfg.data.split_seed)
-    if len(heldout) < cfg.eval.num_prompts:
-        raise ValueError(f"only {len(heldout)} held-out prompts < eval.num_prompts "
-                         f"{cfg.eval.num_prompts}: raise env.task_size or data.heldout_fraction")
-    return train_records, heldout[:cfg.eval.num_prompts]
-
-
 def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[str], None]) -> None:
     """Phase 1: ``sft.steps`` of SFT on reasoning-gym demonstrations, or for ``sft.task="swe/..."``
     the scripted fixes of the training split's repository tasks (``sao.envs.swe.swe_demonstrations``;
@@ -261,9 +248,11 @@ def sft_warm_start(cfg, policy, tokenizer, workdir: str, writer, log: Callable[[
     def make_data():
         if s.task.startswith("swe/"):  # scripted fixes of the training split's repository tasks
             from sao.data.swe_demos import swe_sft_demos
-            train, _ = split_prompts(cfg, components.make_tasks(cfg))
+            train, held = components.split_prompts(cfg, components.make_tasks(cfg),
+                                                    evaluated_only=False)
             demos = swe_sft_demos(train, task=s.task, fmt=cfg.env.tool_format, limit=s.num_demos,
-                                  log=log, issue_variants_per_task=s.get("issue_variants", 0), seed=s.seed)
+                                  log=log, issue_variants_per_task=s.get("issue_variants", 0), seed=s.seed,
+                                  exclude_texts={r["text"] for r in held})
         else:
             demos = demonstrations.arithmetic_demonstrations(
                 s.num_demos, seed=s.seed, tool_fraction=s.tool_fraction, task=s.task,

@@ -146,7 +146,7 @@ class CheckpointedRun:
         """
         cfg, tok = self.cfg, self.tokenizer
         tasks = components.make_tasks(cfg)
-        records, _ = train.split_prompts(cfg, tasks)
+        records, _ = components.split_prompts(cfg, tasks)
         if not 1 <= n <= len(records):
             raise ValueError(f"n must be in [1, {len(records)}], got {n}")
         engine = components.make_engine(cfg, seed=seed, model=self.policy)

@@ -53,3 +53,24 @@ def test_an_issue_without_a_hint_gets_no_variant(micro_entries):
     entry = {**micro_entries[0], "problem_statement": "Something is off."}
     demo = type("D", (), {"prompt": "Something is off.\nTools..."})()
     assert issue_variants(demo, entry, ["A.", "B."], 2, random.Random(0)) == []
+
+
+def test_rl_prompt_variants_keep_the_task_and_change_the_text(micro_entries):
+    from sao.data.swe_demos import issue_variant_records
+    from sao.envs.base import make_prompt
+    records = [make_prompt(f"swe/micro/{e['instance_id']}", "swe/micro", e["problem_statement"], e)
+               for e in micro_entries]
+    assert issue_variant_records(records, 0) == records
+    out = issue_variant_records(records, 3, seed=0)
+    assert len({r["prompt_id"] for r in out}) == len(out) > len(records)
+    for r in out:
+        orig = next(o for o in records if r["prompt_id"].startswith(o["prompt_id"]))
+        assert r["entry"] == orig["entry"] and r["task"] == orig["task"]   # same bug and grading
+        if r["prompt_id"] != orig["prompt_id"]:
+            assert r["text"] != orig["text"] and r["prompt_id"].startswith(orig["prompt_id"] + "#hint")
+    # An excluded text is never drawn, and a record whose text is not its issue is kept alone.
+    banned = {r["text"] for r in out if r["prompt_id"].endswith("#hint0")}
+    again = issue_variant_records(records, 3, seed=0, exclude_texts=banned)
+    assert not banned & {r["text"] for r in again if "#hint" in r["prompt_id"]}
+    odd = [dict(records[0], text="Other words.")]
+    assert issue_variant_records(odd, 3) == odd
