@@ -103,9 +103,8 @@ def issue_variant_records(records: Sequence[Mapping], k: int, seed: int = 0,
     record's with ``#hint<j>`` appended, its ``entry`` the record's own (the same bug,
     tests and grading). With ``k`` = 0 the records pass unchanged."""
     from sao.envs.swe.build import hint_of
-    out = [dict(r) for r in records]
     if k <= 0:
-        return out
+        return [dict(r) for r in records]
     entries = [r["entry"] for r in records if isinstance(r.get("entry"), Mapping)]
     hints = sorted({h for e in entries if (h := hint_of(e)) is not None})
     rng, out = random.Random(seed), []
