@@ -8,7 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from experiments import grpo_dis_swe, sao_swe  # noqa: E402
-from sao import components, config_checks, train  # noqa: E402
+from sao import components, config_checks  # noqa: E402
 
 HARNESS = {"cpu": "reference", "cpu_long": "reference", "smollm2_cpu": "mini-swe-agent",
            "qwen3_30b_a3b": "mini-swe-agent"}
@@ -51,8 +51,8 @@ def test_cpu_variants_hold_out_enough_tasks_to_evaluate(module, variant):
 def test_no_issue_variant_shows_a_held_out_issue():
     # cpu_long's warm start showed 15 of its 320 demonstrations under an exact held-out
     # issue text (the same failing test and hint as a held-out bug), beside the fix of a
-    # training bug on the same line: the 3 held-out tasks it "solved" were those 3-4 times
-    # shown. Variants of the SFT demonstrations and of the RL prompts now skip those texts.
+    # training bug on the same line: every held-out task it "solved" had been shown so.
+    # Variants of the SFT demonstrations and of the RL prompts now skip those texts.
     from sao.data.swe_demos import issue_variant_records, swe_sft_demos
     cfg = sao_swe.get_config("cpu_long")
     train_records, held_all = components.split_prompts(cfg, components.make_tasks(cfg),
