@@ -104,12 +104,12 @@ def issue_variant_records(records: Sequence[Mapping], k: int, seed: int = 0,
     tests and grading). With ``k`` = 0 the records pass unchanged."""
     from sao.envs.swe.build import hint_of
     if k <= 0:
-        return [dict(r) for r in records]
+        return list(records)
     entries = [r["entry"] for r in records if isinstance(r.get("entry"), Mapping)]
     hints = sorted({h for e in entries if (h := hint_of(e)) is not None})
     rng, out = random.Random(seed), []
     for r in records:
-        out.append(dict(r))
+        out.append(r)
         entry = r.get("entry")
         if not isinstance(entry, Mapping) or r.get("text") != entry.get("problem_statement"):
             continue

@@ -12,8 +12,8 @@ the fleet machine over ``gcloud compute ssh`` (a worker starting an sglang-jax
 server, restarted on every push) and the learner over ``tpu-vm ssh
 --worker=all``; that run, at ``tau=0``, also passes every check of an SGLang
 fleet run (tests/e2e/fleet_run.py: lag-0 log-prob equality, the parity gate,
-changing weights, tool calls in the sandbox, evaluation through the fleet). Checked: 2 learner steps, the job's (or launcher's) exit
-status is the learner's, nothing the launch started is left running (every
+changing weights, tool calls in the sandbox, evaluation through the fleet).
+Checked: 2 learner steps, the job's (or launcher's) exit status is the learner's, nothing the launch started is left running (every
 process the box started carries its tag), the TPU VM the launcher created is
 deleted, every ``--set`` value arrives intact (the learner's
 ``config.json``); a learner killed mid-run ends the whole job with its status
