@@ -12,7 +12,7 @@ source tiers names the failing tests and adds the bug modifier's hint
 sentence (``sao.envs.swe.build.problem_statement``). With one demonstration
 per task a small model learns each whole issue text by heart and reads a new
 one badly: the same failing test with another hint is a text it has never
-seen (docs/envs.md, the ``cpu_long`` run). Each demonstration is therefore
+seen (docs/swe_cpu_runs.md, the ``cpu_long`` runs). Each demonstration is therefore
 repeated ``k`` times with the hint replaced by another hint drawn from the
 *training* tasks (or left out), and nothing else changed: the same commands,
 observations and submit. Only training tasks are read; a held-out task's text
