@@ -5,8 +5,8 @@ after each, measures how the summed action log-prob of every episode changed:
 the batch's own (what the update pushed up or down) and, if given, episodes it
 was not trained on (what it did to the rest of the policy). Split by solved and
 unsolved, this shows whose gradient a step is made of: docs/swe_cpu_runs.md
-found with it that on the byte model's repository tasks a step is the
-failures' push-down, which also lowers other tasks' solved episodes.
+found with it that on the byte model's repository tasks a step is mostly the
+failures' push-down, and can lower the weakest solved episodes.
 
 Usage with a run's checkpoint (`sao.analysis.CheckpointedRun`)::
 
@@ -24,6 +24,8 @@ import numpy as np
 from sao.learner.batch import make_train_batch
 from sao.types import Trajectory
 
+PREFIX = "logp_change"     # the probe's keys, apart from the learner's own metrics
+
 
 def sequence_logprobs(learner, states, episodes: Sequence[Trajectory]) -> np.ndarray:
     """Summed action-token log-probs f64[N] (nats) of ``episodes`` under the actor of
@@ -39,15 +41,16 @@ def sequence_logprobs(learner, states, episodes: Sequence[Trajectory]) -> np.nda
         batch = make_train_batch(chunk, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
                                  pad_id=cfg.pad_id)
         lp = np.asarray(learner.actor_logprobs(states, batch.tokens), np.float64)
-        out.append((lp * batch.action_mask).sum(axis=1)[:len(chunk)])
+        out.append(np.where(batch.action_mask, lp, 0.0).sum(axis=1)[:len(chunk)])
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _split(change: np.ndarray, solved: np.ndarray, prefix: str) -> dict[str, float]:
+def _split(change: np.ndarray, solved: np.ndarray, group: str) -> dict[str, float]:
     def mean(x):
         return float(x.mean()) if x.size else float("nan")
-    return {f"{prefix}/solved": mean(change[solved]), f"{prefix}/unsolved": mean(change[~solved]),
-            f"{prefix}/solved_min": float(change[solved].min()) if solved.any() else float("nan")}
+    key = f"{PREFIX}/{group}"
+    return {f"{key}/solved": mean(change[solved]), f"{key}/unsolved": mean(change[~solved]),
+            f"{key}/solved_min": float(change[solved].min()) if solved.any() else float("nan")}
 
 
 def update_effect(learner, states, episodes: Sequence[Trajectory], *,
@@ -61,19 +64,27 @@ def update_effect(learner, states, episodes: Sequence[Trajectory], *,
       episodes: 1..``learner.cfg.batch_size`` trajectories, the batch of every step.
       held_out: trajectories measured but not trained on (any number).
       updates: steps on the same batch, >= 1.
-      seq_advantages: per-row advantages for ``advantage_estimator="given"``.
+      seq_advantages: f32[``learner.cfg.batch_size``] per-row advantages (padding rows
+        included) for ``advantage_estimator="given"``, e.g. a running-mean run.
       solved_above: an episode is solved when its reward is above this.
 
     Returns:
       ``(states, rows)``: the updated states and one dict per step with ``update``
       (1-based), the mean change in summed action log-prob (nats) since before the first
-      step of ``batch/solved``, ``batch/unsolved``, ``held_out/solved``,
-      ``held_out/unsolved`` (NaN for an empty group), the lowest solved change
-      (``*/solved_min``), and the step's own metrics (``Learner.update``'s names).
+      step, ``logp_change/batch/solved`` and ``.../unsolved`` (NaN for an empty group),
+      the lowest solved change ``.../solved_min``, the same under
+      ``logp_change/held_out/`` (absent without ``held_out``), and the step's own
+      metrics (``Learner.update``'s names, e.g. ``learner/actor_updated``).
+
+    Limits: during critic warm-up (``states.step < critic_warmup_steps``) the actor
+    is not updated and every change is 0 (``learner/actor_updated`` says so). Group
+    estimators (``grpo``, ``dr_grpo``, ``rloo``) need several episodes of a prompt in
+    ``episodes``: a prompt alone has advantage 0.
 
     Raises:
-      ValueError: ``updates`` < 1, no episodes or more than the batch size, or an
-        episode longer than every length bucket.
+      ValueError: ``updates`` < 1, no episodes or more than the batch size, an episode
+        (of either list) longer than every length bucket, or ``seq_advantages`` given
+        or missing against the estimator (from ``Learner.update``).
     """
     cfg = learner.cfg
     if updates < 1:

@@ -43,15 +43,18 @@ def test_a_step_pushes_solved_up_and_unsolved_down_and_measures_the_rest():
              ((GOOD, 1.0), (BAD, 0.0), (GOOD, 1.0), (BAD, 0.0))]
     held = [_episode(learner, states, GOOD, 1.0, "h", prompt=(257, 3, 4)),
             _episode(learner, states, BAD, 0.0, "h", prompt=(257, 3, 4))]
-    before = sequence_logprobs(learner, states, batch + held)
-    assert before.shape == (6,) and np.all(before < 0)
+    before = sequence_logprobs(learner, states, batch + held)    # 6 episodes: two chunks of 4
+    per_token = np.asarray(learner.actor_logprobs(states, np.array([e.tokens for e in batch])))
+    np.testing.assert_allclose(before[:4], per_token[:, 3], rtol=1e-6)   # the action token only
+    np.testing.assert_allclose(before, [sequence_logprobs(learner, states, [e])[0]
+                                        for e in batch + held], rtol=1e-6)
     states, rows = update_effect(learner, states, batch, held_out=held, updates=2)
     assert [r["update"] for r in rows] == [1, 2]
-    first, second = rows
+    first, second = ({k.removeprefix("logp_change/"): v for k, v in r.items()} for r in rows)
     assert first["batch/solved"] > 0 > first["batch/unsolved"]
     assert second["batch/solved"] > first["batch/solved"]            # changes since the start
     assert second["batch/unsolved"] < first["batch/unsolved"]
-    assert first["batch/solved_min"] == pytest.approx(first["batch/solved"])  # the same episode twice
+    assert first["batch/solved_min"] == pytest.approx(first["batch/solved"])   # one episode twice
     assert np.isfinite([first["held_out/solved"], first["held_out/unsolved"]]).all()
     assert first["learner/actor_updated"] == 1.0 and "actor/grad_norm" in first
     after = sequence_logprobs(learner, states, batch + held)
@@ -65,12 +68,13 @@ def test_held_out_episodes_are_not_trained_on_and_bad_calls_are_refused():
     learner = _learner()
     s0 = learner.init_states()
     batch = [_episode(learner, s0, GOOD, 1.0, "g"), _episode(learner, s0, BAD, 0.0, "g")]
-    held = [_episode(learner, s0, BAD, 1.0, "h", prompt=(257, 5, 6))]
-    _, with_held = update_effect(learner, learner.init_states(), batch, held_out=held)
-    _, without = update_effect(learner, learner.init_states(), batch)
-    assert with_held[0]["batch/solved"] == pytest.approx(without[0]["batch/solved"], abs=1e-6)
-    assert "held_out/solved" not in without[0]
-    assert np.isnan(with_held[0]["held_out/unsolved"])                 # no unsolved held out
+    held = [_episode(learner, s0, BAD, 1.0, "g")]        # would change the group's advantages
+    s1, with_held = update_effect(learner, learner.init_states(), batch, held_out=held)
+    s2, without = update_effect(learner, learner.init_states(), batch)
+    for a, b in zip(jax.tree.leaves(s1.actor.params), jax.tree.leaves(s2.actor.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))   # held_out trains nothing
+    assert "logp_change/held_out/solved" not in without[0]
+    assert np.isnan(with_held[0]["logp_change/held_out/unsolved"])        # none unsolved
     with pytest.raises(ValueError, match="updates must be >= 1"):
         update_effect(learner, learner.init_states(), batch, updates=0)
     with pytest.raises(ValueError, match="1..4 episodes"):
