@@ -74,8 +74,11 @@ def _loss_and_grads(graphdef, params, tokens):
 
 def test_mixed_model_within_tolerance_of_f32():
     """Same f32 weights, bf16 compute: loss within 1e-3 relative of f32 and
-    gradients aligned (cosine > 0.999 per parameter, > 0.9999 overall); all
-    gradients f32 (the f32 master weights' dtype)."""
+    gradients aligned (cosine > 0.998 per parameter, > 0.9999 overall); all
+    gradients f32 (the f32 master weights' dtype). The per-parameter bound is set
+    by the 32-element q/k-norm scales, whose gradients sum bf16-rounded products
+    over every position and head: 0.99896 on a Xeon with AMX and AVX512-BF16
+    (2026-12-06), above 0.999 on the CPUs measured before."""
     cfg = get_preset("tiny")
     tokens = jax.random.randint(jax.random.key(2), (4, 64), 0, cfg.vocab_size)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
@@ -88,7 +91,7 @@ def test_mixed_model_within_tolerance_of_f32():
     b = [np.ravel(np.asarray(v, np.float64)) for v in jax.tree.leaves(g16)]
     assert all(v.dtype == jnp.float32 for v in jax.tree.leaves(g16))
     cos = [u @ v / (np.linalg.norm(u) * np.linalg.norm(v)) for u, v in zip(a, b)]
-    assert min(cos) > 0.999, cos
+    assert min(cos) > 0.998, cos
     full_a, full_b = np.concatenate(a), np.concatenate(b)
     assert full_a @ full_b / (np.linalg.norm(full_a) * np.linalg.norm(full_b)) > 0.9999
 
