@@ -40,9 +40,14 @@ def sequence_logprobs(learner, states, episodes: Sequence[Trajectory]) -> np.nda
         chunk = list(episodes[i:i + cfg.batch_size])
         batch = make_train_batch(chunk, buckets=cfg.length_buckets, batch_size=cfg.batch_size,
                                  pad_id=cfg.pad_id)
-        lp = np.asarray(learner.actor_logprobs(states, batch.tokens), np.float64)
-        out.append(np.where(batch.action_mask, lp, 0.0).sum(axis=1)[:len(chunk)])
+        out.append(_summed(learner, states, batch, len(chunk)))
     return np.concatenate(out) if out else np.zeros(0)
+
+
+def _summed(learner, states, batch, n: int) -> np.ndarray:
+    """Summed action log-probs f64[n] of the first ``n`` rows of a `TrainBatch`."""
+    lp = np.asarray(learner.actor_logprobs(states, batch.tokens), np.float64)
+    return np.where(np.asarray(batch.action_mask), lp, 0.0).sum(axis=1)[:n]
 
 
 def _split(change: np.ndarray, solved: np.ndarray, group: str) -> dict[str, float]:
@@ -96,16 +101,13 @@ def update_effect(learner, states, episodes: Sequence[Trajectory], *,
     held_solved = np.array([e.reward > solved_above for e in held_out], bool)
     batch = learner.put_batch(make_train_batch(list(episodes), buckets=cfg.length_buckets,
                                                batch_size=cfg.batch_size, pad_id=cfg.pad_id))
-    before = sequence_logprobs(learner, states, episodes)
+    before = _summed(learner, states, batch, len(episodes))
     held_before = sequence_logprobs(learner, states, held_out)
     rows = []
     for k in range(updates):
-        if seq_advantages is None:
-            states, metrics = learner.update(states, batch)
-        else:
-            states, metrics = learner.update(states, batch, seq_advantages)
+        states, metrics = learner.update(states, batch, seq_advantages)
         row = {"update": k + 1,
-               **_split(sequence_logprobs(learner, states, episodes) - before, solved, "batch")}
+               **_split(_summed(learner, states, batch, len(episodes)) - before, solved, "batch")}
         if len(held_out):
             row.update(_split(sequence_logprobs(learner, states, held_out) - held_before,
                               held_solved, "held_out"))
